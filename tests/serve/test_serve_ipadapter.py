@@ -200,3 +200,56 @@ def test_the_controlnet_script_is_the_last_key_naming_it_for_ip_units_too(server
     info = r.json()["info"]
     assert "Model: ip-adapter_sd15," in info and "ip-adapter-plus_sd15" not in info, info
     assert "alwayson_scripts.ControlNet: another key names the ControlNet script after it" in info, info
+
+
+@pytest.fixture(scope="module")
+def cn_server(tmp_path_factory, tiny_encoder_graph) -> Iterator[tuple[str, Path]]:
+    """A server of tiny-sd15-controlnet (its own nets) with the adapters and their encoder in ControlNet/."""
+    from sdrt.serve import ServeConfig
+
+    root = tmp_path_factory.mktemp("ipa-cn-models")
+    shutil.copytree(DATA / "pipelines" / "tiny-sd15-controlnet", root / "tiny-cn")
+    (root / "ControlNet").mkdir()
+    shutil.copy(IPA / "ip-adapter_tiny.safetensors", root / "ControlNet" / "ip-adapter_sd15.safetensors")
+    shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
+    shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
+    with live_server(ServeConfig(models=root, backend="reference")) as url:
+        yield url, root
+
+
+def test_controlnet_and_ip_units_mix(cn_server) -> None:
+    """A ControlNet unit and IP-Adapter units in one request: with one IP unit, diffusers' image of
+    StableDiffusionControlNetPipeline with the adapter loaded (tests/data/ipadapter/refs.npz); with the ControlNet
+    unit between two IP units with windows, the Python API's image of the same units (the IP ones by the extension's
+    window rule), and the infotext numbers the ControlNet unit first, then the IP units."""
+    url, root = cn_server
+    from sdrt.pipelines import ControlNet
+
+    case = next(c for c in json.loads((IPA / "refs.json").read_text()) if c["name"] == "controlnet+ip/Euler/0.6")
+    edges = np.load(DATA / "pipelines" / "tiny-sd15-controlnet" / "refs.npz")["edges"]
+    net = {"enabled": True, "module": "none", "model": "controlnet", "image": _b64(edges),
+           "weight": case["control_scale"]}
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"])
+    got = _served(_post(url, dict(body, alwayson_scripts={"controlnet": {"args": [net, _unit(weight=case["scale"])]}})))
+    diff = np.abs(got.astype(int) - REFS[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    units = [_unit(weight=0.9, guidance_end=0.5), net,
+             _unit(model="ip-adapter-plus_sd15", image=_b64(MULTI["picture_b"]), weight=0.8, guidance_start=0.3)]
+    r = _post(url, dict(body, steps=5, alwayson_scripts={"controlnet": {"args": units}}))
+    got = _served(r)
+    ips = [IPAdapter(root / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.9, end=0.5,
+                     image_encoder=IPA / "image_encoder", window="a1111"),
+           IPAdapter(root / "ControlNet" / "ip-adapter-plus_sd15.safetensors", image=MULTI["picture_b"], scale=0.8,
+                     start=0.3, image_encoder=IPA / "image_encoder", window="a1111")]
+    with pipelines.load(root / "tiny-cn", backend="reference") as pipe:
+        kw = dict(KW, steps=5, seed=case["seed"], cfg=case["cfg"])
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, controlnets=[
+            ControlNet("controlnet", edges, case["control_scale"], window="a1111")], **kw).images[0]
+        only_net = pipe.generate(BASE["prompt"], "blurry", controlnets=[
+            ControlNet("controlnet", edges, case["control_scale"], window="a1111")], **kw).images[0]
+    assert np.array_equal(got, want)
+    assert np.abs(got.astype(int) - only_net.astype(int)).max() > 20
+    info = r.json()["info"]
+    assert "ControlNet 0: \\\"Module: none, Model: controlnet" in info, info
+    assert "ControlNet 1: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9" in info, info
+    assert "ControlNet 2: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter-plus_sd15, Weight: 0.8" in info, info
