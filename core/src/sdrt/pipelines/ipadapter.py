@@ -274,7 +274,7 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
                                      else default_encoder(ad.path, where))
         except ModelError as exc:
             raise ModelError(exc.what, where=where, fix=exc.fix) from exc
-        if ad.kind != "plus" and enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
+        if not reads_hidden(ad) and enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
             raise ModelError(f"the image encoder {enc.path.name} gives {enc.embed_dim}-wide image embeds and "
                              f"{ad.path.name} reads {ad.image_dim}-wide ones", where=where,
                              fix=f"pass {_said(where)} the encoder the adapter was trained with (ViT-H/14 for "
@@ -292,6 +292,12 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
     for k in drop:  # an encoder no adapter of this job reads: its sessions go (one set of encoders held at a time)
         pipe.__dict__["_ip_encoders"].pop(k).close()
     return [preps[j] for j in range(n)]
+
+
+def reads_hidden(ad: IPAdapterFile) -> bool:
+    """Whether the adapter's projection reads the encoder's penultimate hidden states (and the negative pass a zero
+    picture's), as diffusers decides it: every projection but the base adapter's ``ImageProjection`` does."""
+    return ad.kind != "base"
 
 
 def encoder_key(enc: ImageEncoder) -> tuple[str, str]:
@@ -316,19 +322,19 @@ def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder]], un
             rows.append(pixels)
             same = len(rows) - 1
         row_of[j] = same
-    plus = any(opened[j][0].kind == "plus" for j in js)
-    if plus:  # diffusers' torch.zeros_like(image) through the encoder: the Plus adapters' negative pass
+    if any(reads_hidden(opened[j][0]) for j in js):  # diffusers' torch.zeros_like(image) through the encoder: the
+        # negative pass of the adapters that read hidden states
         rows.append(np.zeros_like(rows[0]))
     out = encode(pipe, enc, np.concatenate(rows), name)
     got: dict[int, Prepared] = {}
     for j in js:
         ad, unit, where = opened[j][0], units[j], field_name("image_encoder", j, n)
         r = row_of[j]
-        if ad.kind == "plus":
+        if reads_hidden(ad):
             hidden = out.get("penultimate_hidden_states")
             if hidden is None:
                 raise ModelError(f"the image encoder {enc.graph.name} gives no penultimate_hidden_states, which "
-                                 f"{ad.path.name} (an IP-Adapter Plus) reads", where=where,
+                                 f"{ad.path.name} ({ad.label}) reads", where=where,
                                  fix=f"pass {_said(where)} h94/IP-Adapter's models/image_encoder folder (bound onto "
                                      "sdrt's shipped graph), or an ONNX export with that output (hidden_states[-2])")
             hidden = np.asarray(hidden, np.float32)
