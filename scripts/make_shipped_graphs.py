@@ -546,6 +546,15 @@ SPECS["clip_vision_h"] = Spec("clip_vision_h", build_clip_vision, CLIP_VISION_H,
                               lambda c: ["image_embeds", "penultimate_hidden_states"],
                               lambda c: {"pixel_values": {0: B}},
                               dict(num_hidden_layers=2), "h94/IP-Adapter models/image_encoder/config.json")
+# h94/IP-Adapter sdxl_models/image_encoder/config.json (laion/CLIP-ViT-bigG-14-laion2B-39B-b160k's vision tower; the
+# same as ComfyUI's comfy/clip_vision_config_g.json): what ip-adapter_sdxl and ip-adapter_sd15_vit-G read
+CLIP_VISION_G = dict(hidden_size=1664, intermediate_size=8192, num_attention_heads=16, num_hidden_layers=48,
+                     image_size=224, patch_size=14, projection_dim=1280, hidden_act="gelu", layer_norm_eps=1e-5,
+                     num_channels=3)
+SPECS["clip_vision_g"] = Spec("clip_vision_g", build_clip_vision, CLIP_VISION_G, clip_vision_inputs,
+                              lambda c: ["image_embeds", "penultimate_hidden_states"],
+                              lambda c: {"pixel_values": {0: B}},
+                              dict(num_hidden_layers=2), "h94/IP-Adapter sdxl_models/image_encoder/config.json")
 
 
 # ControlNets (issue 36: a ControlNet .safetensors bound onto a shipped graph) ------------------

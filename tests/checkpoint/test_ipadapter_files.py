@@ -169,12 +169,26 @@ def test_an_image_encoder_config_that_is_no_clip_vision_config_is_refused(folder
 @pytest.mark.parametrize("extra, kind", [
     ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)},
      "IP-Adapter Plus of a layout sdrt does not know (no image_proj.proj_in.weight)"),
-    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "Full Face"),
-    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads InsightFace"),
-    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID")])
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "FaceID (it reads a face embedding made by "
+                                                                   "InsightFace, the insightface package"),
+    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads a face embedding"),
+    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID"),
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32), "image_proj.proj.3.weight": np.ones(32, np.float32)},
+     "Full Face of a layout sdrt does not know (no image_proj.proj.0.bias)")])
 def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, extra, kind):
-    _refused(ModelError, unit(_adapter(tmp_path / "v.safetensors", 32, extra=extra)), kind, "does not run",
-             "runs the base IP-Adapter and IP-Adapter Plus", "ip-adapter-plus_sd15")
+    """FaceID (LoRA, FaceID Plus's perceiver_resampler, FaceID Portrait's MLP of the face embedding beside
+    image_proj.norm) by name; a Plus or Full Face file missing a key, naming it."""
+    if "image_proj.proj.3.weight" in extra:  # Full Face has no image_proj.proj / norm
+        path = _adapter(tmp_path / "w.safetensors", 32, extra=extra)
+        w = Weights.open(path)
+        keep = {k: w.get_array(k) for k in w.shapes() if not k.startswith(("image_proj.proj.",
+                "image_proj.norm.")) or k in extra}
+        Weights.from_arrays(keep).save(tmp_path / "v.safetensors")
+    else:
+        _adapter(tmp_path / "v.safetensors", 32, extra=extra)
+    _refused(ModelError, unit(tmp_path / "v.safetensors"), kind, "does not run",
+             "runs the base IP-Adapter, IP-Adapter Plus and Full Face", "ip-adapter-plus_sd15",
+             "ip-adapter-full-face_sd15")
 
 
 @pytest.mark.parametrize("name, cross, image_dim, places, widths", [
@@ -279,3 +293,157 @@ def test_single_file_with_a_controlnet_runs_the_twin_graph_with_ip_attention(tmp
         assert any(n.startswith("ip_adapter_") for n in pipe.unet.inputs)
     diff = np.abs(np.stack(got).astype(int) - REFS[case["name"]].astype(int))  # the diffusers references' bound
     assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+
+
+# -- ViT-bigG/14 and Full Face at full size (headers only) ----------------------------------------------------------
+#: h94/IP-Adapter's image_encoder/config.json values (models/: laion ViT-H/14; sdxl_models/: laion ViT-bigG/14)
+H94_CONFIGS = {"models": dict(hidden_size=1280, intermediate_size=5120, num_attention_heads=16, num_hidden_layers=32,
+                              image_size=224, patch_size=14, projection_dim=1024),
+               "sdxl_models": dict(hidden_size=1664, intermediate_size=8192, num_attention_heads=16,
+                                   num_hidden_layers=48, image_size=224, patch_size=14, projection_dim=1280)}
+
+
+def clip_vision_shapes(c: dict) -> dict[str, tuple[int, ...]]:
+    """transformers' CLIPVisionModelWithProjection parameters for a config, written out from its modules."""
+    d, n = c["hidden_size"], (c["image_size"] // c["patch_size"]) ** 2 + 1
+    v = "vision_model."
+    shapes = {f"{v}embeddings.class_embedding": (d,),
+              f"{v}embeddings.patch_embedding.weight": (d, 3, c["patch_size"], c["patch_size"]),
+              f"{v}embeddings.position_embedding.weight": (n, d), "visual_projection.weight": (c["projection_dim"], d)}
+    for norm in ("pre_layrnorm", "post_layernorm"):
+        shapes.update({f"{v}{norm}.weight": (d,), f"{v}{norm}.bias": (d,)})
+    for i in range(c["num_hidden_layers"]):
+        a = f"{v}encoder.layers.{i}."
+        for lin in ("q_proj", "k_proj", "v_proj", "out_proj"):
+            shapes.update({f"{a}self_attn.{lin}.weight": (d, d), f"{a}self_attn.{lin}.bias": (d,)})
+        for norm in ("layer_norm1", "layer_norm2"):
+            shapes.update({f"{a}{norm}.weight": (d,), f"{a}{norm}.bias": (d,)})
+        shapes.update({f"{a}mlp.fc1.weight": (c["intermediate_size"], d), f"{a}mlp.fc1.bias": (c["intermediate_size"],),
+                       f"{a}mlp.fc2.weight": (d, c["intermediate_size"]), f"{a}mlp.fc2.bias": (d,)})
+    return shapes
+
+
+def h94_encoder_folder(root: Path, sub: str, config: dict | None = None) -> Path:
+    """h94's ``<sub>/image_encoder`` (config.json + fp16 model.safetensors, headers only)."""
+    import json
+
+    folder = root / sub / "image_encoder"
+    folder.mkdir(parents=True)
+    h.sparse(folder / "model.safetensors", clip_vision_shapes(H94_CONFIGS[sub]))
+    (folder / "config.json").write_text(json.dumps({"architectures": ["CLIPVisionModelWithProjection"],
+                                                    "model_type": "clip_vision_model", "hidden_act": "gelu",
+                                                    **(config or H94_CONFIGS[sub])}))
+    return folder
+
+
+def h94_adapter(path: Path, kind: str, cross: int, image_dim: int) -> Path:
+    """A full-size adapter header in h94's layout: ``base`` (ImageProjection) or ``full`` (Full Face's MLP)."""
+    widths = {768: (320, 640, 1280), 2048: (640, 1280)}[cross]
+    places = range(1, 32, 2) if cross == 768 else range(1, 140, 2)
+    shapes: dict[str, tuple[int, ...]] = (
+        {"image_proj.proj.weight": (4 * cross, image_dim), "image_proj.proj.bias": (4 * cross,),
+         "image_proj.norm.weight": (cross,), "image_proj.norm.bias": (cross,)} if kind == "base" else
+        {"image_proj.proj.0.weight": (image_dim, image_dim), "image_proj.proj.0.bias": (image_dim,),
+         "image_proj.proj.2.weight": (cross, image_dim), "image_proj.proj.2.bias": (cross,),
+         "image_proj.proj.3.weight": (cross,), "image_proj.proj.3.bias": (cross,)})
+    for i, k in enumerate(places):
+        shapes[f"ip_adapter.{k}.to_k_ip.weight"] = shapes[f"ip_adapter.{k}.to_v_ip.weight"] = (widths[i % len(widths)],
+                                                                                               cross)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return h.sparse(path, shapes)
+
+
+def test_the_shipped_bigg_graph_has_the_published_configs_shapes():
+    """clip_vision_g: every initializer of transformers' CLIPVisionModelWithProjection for h94's sdxl_models config
+    (written out above, not read from the graph), both outputs, 257 tokens 1664 wide."""
+    from sdrt.checkpoint import shipped_graph
+
+    graph = Graph.load(shipped_graph("clip_vision_g"))
+    info = graph.initializer_info()
+    got = {k: tuple(int(d) for d in info[k].shape) for k in graph.external_refs}
+    want = clip_vision_shapes(H94_CONFIGS["sdxl_models"])
+    assert got == want, (sorted(set(got) ^ set(want))[:5], [k for k in want if got.get(k) != want[k]][:5])
+    assert sum(int(np.prod(s)) for s in want.values()) == 1844907264  # the 1844.9M parameters h94's card gives
+    assert graph.is_stripped and tuple(graph.inputs[0].shape[1:]) == (3, 224, 224)
+    assert [o.name for o in graph.outputs] == ["image_embeds", "penultimate_hidden_states"]
+    assert tuple(graph.outputs[0].shape[1:]) == (1280,) and tuple(graph.outputs[1].shape[1:]) == (257, 1664)
+
+
+def test_h94s_bigg_encoder_folder_binds_onto_the_bigg_graph_by_its_config(tmp_path):
+    from sdrt.checkpoint import shipped_graph
+    from sdrt.checkpoint.ipadapter import open_image_encoder
+
+    enc = open_image_encoder(h94_encoder_folder(tmp_path, "sdxl_models"))
+    assert (enc.graph, enc.label, enc.image_size, enc.embed_dim, enc.hidden_dim) == (
+        shipped_graph("clip_vision_g"), "ViT-bigG/14", 224, 1280, 1664)
+    enc.weights.fits(Graph.load(enc.graph))  # every initializer bound, strictly
+    h = open_image_encoder(h94_encoder_folder(tmp_path, "models"))
+    assert (h.graph, h.label, h.embed_dim, h.hidden_dim) == (shipped_graph("clip_vision_h"), "ViT-H/14", 1024, 1280)
+    # a config.json saying bigG beside ViT-H tensors: refused, naming both
+    wrong = h94_encoder_folder(tmp_path / "w", "models", H94_CONFIGS["sdxl_models"])
+    with pytest.raises(ModelError, match="config.json says 1664 wide, 48 layers and 1280-wide image_embeds, and "
+                                         "model.safetensors holds 1280 wide, 32 layers and 1024-wide"):
+        open_image_encoder(wrong)
+
+
+@pytest.mark.parametrize("name, kind, cross, image_dim, base", [
+    ("sdxl_models/ip-adapter_sdxl.safetensors", "base", 2048, 1280, "sdxl"),
+    ("models/ip-adapter_sd15_vit-G.safetensors", "base", 768, 1280, "sd1"),
+    ("models/ip-adapter-full-face_sd15.safetensors", "full", 768, 1280, "sd1")])
+def test_full_size_bigg_and_full_face_files_open_with_h94s_shapes(tmp_path, name, kind, cross, image_dim, base):
+    from sdrt.checkpoint.ipadapter import open_ip_adapter
+
+    ad = open_ip_adapter(h94_adapter(tmp_path / name, kind, cross, image_dim))
+    assert (ad.kind, ad.base, ad.image_dim, ad.cross, ad.tokens) == (kind, base, image_dim, cross,
+                                                                     4 if kind == "base" else 0)
+    assert ad.reads == ("image embeds" if kind == "base" else "hidden states")
+
+
+def test_h94s_layout_gives_each_adapter_the_encoder_it_reads(tmp_path):
+    """Found by what the adapter reads (the folders' config.json), not by its name: ip-adapter_sd15_vit-G (models/)
+    reads sdxl_models/'s bigG, ip-adapter_sdxl_vit-h and plus_sdxl_vit-h (sdxl_models/) models/'s ViT-H."""
+    from sdrt.pipelines.ipadapter import default_encoder
+
+    for sub in ("models", "sdxl_models"):
+        h94_encoder_folder(tmp_path, sub)
+    files = {"models/ip-adapter_sd15.safetensors": ("base", 768, 1024, "models"),
+             "models/ip-adapter_sd15_vit-G.safetensors": ("base", 768, 1280, "sdxl_models"),
+             "models/ip-adapter-full-face_sd15.safetensors": ("full", 768, 1280, "models"),
+             "sdxl_models/ip-adapter_sdxl.safetensors": ("base", 2048, 1280, "sdxl_models"),
+             "sdxl_models/ip-adapter_sdxl_vit-h.safetensors": ("base", 2048, 1024, "models")}
+    for name, (kind, cross, image_dim, where) in files.items():
+        got = default_encoder(h94_adapter(tmp_path / name, kind, cross, image_dim))
+        assert got == tmp_path / where / "image_encoder", name
+
+
+@pytest.mark.parametrize("adapter, kind, cross, image_dim, encoder, words", [
+    ("ip-adapter_sdxl.safetensors", "base", 2048, 1280, "models",
+     ("the image encoder models/image_encoder (ViT-H/14) gives 1024-wide image embeds and ip-adapter_sdxl.safetensors "
+      "reads 1280-wide ones (an OpenCLIP ViT-bigG/14's)", "the ViT-bigG/14, h94/IP-Adapter's sdxl_models/image_encoder "
+      "folder (ComfyUI's clip_vision/CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors)")),
+    ("ip-adapter_sd15.safetensors", "base", 768, 1024, "sdxl_models",
+     ("sdxl_models/image_encoder (ViT-bigG/14) gives 1280-wide image embeds", "reads 1024-wide ones",
+      "h94/IP-Adapter's models/image_encoder folder")),
+    ("ip-adapter-full-face_sd15.safetensors", "full", 768, 1280, "sdxl_models",
+     ("gives 1664-wide hidden states", "reads 1280-wide ones", "ViT-H/14, h94/IP-Adapter's models/image_encoder"))])
+def test_an_encoder_of_the_other_kind_is_refused_naming_the_one_to_pass(tmp_path, adapter, kind, cross, image_dim,
+                                                                        encoder, words):
+    from sdrt.checkpoint.ipadapter import check_encoder, open_image_encoder, open_ip_adapter
+
+    ad = open_ip_adapter(h94_adapter(tmp_path / adapter, kind, cross, image_dim))
+    enc = open_image_encoder(h94_encoder_folder(tmp_path, encoder))
+    with pytest.raises(ModelError) as info:
+        check_encoder(ad, enc)
+    text = str(info.value)
+    assert info.value.where == "image_encoder" and "\n" not in text
+    for w in words:
+        assert w in text, text
+
+
+def test_the_infotext_names_sd_webui_controlnets_bigg_module(tmp_path):
+    from sdrt.pipelines.ipadapter import IPAdapter, infotext
+
+    xl = IPAdapter(h94_adapter(tmp_path / "ip-adapter_sdxl.safetensors", "base", 2048, 1280), image=None)
+    vith = IPAdapter(h94_adapter(tmp_path / "ip-adapter_sdxl_vit-h.safetensors", "base", 2048, 1024), image=None)
+    assert "Module: ip-adapter_clip_g, Model: ip-adapter_sdxl," in infotext(xl, "sdxl", 0)["ControlNet 0"]
+    assert "Module: ip-adapter_clip_sdxl_plus_vith," in infotext(vith, "sdxl", 0)["ControlNet 0"]

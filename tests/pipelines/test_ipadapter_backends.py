@@ -62,3 +62,31 @@ def test_several_adapters_with_windows_match_diffusers_on_compiled_backends(back
             for case in (c for c in MULTI_CASES if c["family"] == family):
                 assert_matches_diffusers(run(pipe, case), MULTI[case["name"]])
                 assert pipe.unet.backend == backend
+
+
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_vit_bigg_and_full_face_adapters_match_diffusers_on_compiled_backends(backend, monkeypatch):
+    """The bigG encoder's graph (a second architecture, bound by its config) compiled on the backend, for SD 1.x and
+    SDXL, and Full Face's 17 tokens a picture (the encoder's hidden states, picture and zero picture in one call)."""
+    from test_ipadapter_more import FULL_CASES, G_CASES, G_XL_CASES, MORE, TINY
+    from test_ipadapter_more import unit as more_unit
+
+    from sdrt import pipelines
+    from sdrt.checkpoint import graphs
+
+    real = graphs.shipped_graph
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: TINY.get(name) or real(name))
+    register(backend)
+    ipa = DATA.parent / "ipadapter"
+    for folder, cases, adapter, encoder in (
+            (FOLDER, G_CASES, "ip-adapter_tiny_vit-G.safetensors", "image_encoder_g"),
+            (DATA / "tiny-sdxl", G_XL_CASES, "ip-adapter_tiny_sdxl_vit-G.safetensors", "image_encoder_g"),
+            (FOLDER, FULL_CASES[:1], "ip-adapter-full-face_tiny.safetensors", "image_encoder")):
+        with pipelines.load(folder, backend=backend) as pipe:
+            for case in cases:
+                ip = more_unit(case["scale"], adapter, ipa / encoder)
+                got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=ip, **kwargs(case)).images
+                assert_matches_diffusers(got, MORE[case["name"]])
+                assert pipe.unet.backend == backend
+                assert [p.backend for p in pipe._ip_encoders.values()] == [backend]
+

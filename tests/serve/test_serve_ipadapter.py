@@ -38,7 +38,8 @@ def tiny_encoder_graph() -> Iterator[None]:
 
     real = graphs.shipped_graph
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(graphs, "shipped_graph", lambda n: IPA / "clip_vision.onnx" if n == "clip_vision_h" else real(n))
+        tiny = {"clip_vision_h": IPA / "clip_vision.onnx", "clip_vision_g": IPA / "clip_vision_g.onnx"}
+        mp.setattr(graphs, "shipped_graph", lambda n: tiny.get(n) or real(n))
         yield
 
 
@@ -51,6 +52,11 @@ def models(tmp_path_factory) -> Path:
     shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
     shutil.copy(IPA / "ip-adapter_tiny_sdxl.safetensors", root / "ControlNet" / "ip-adapter_sdxl_vit-h.safetensors")
     shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
+    # the ViT-bigG/14 adapter: its encoder in ComfyUI's clip_vision/ (the one beside is ViT-H/14)
+    shutil.copy(IPA / "ip-adapter_tiny_vit-G.safetensors", root / "ControlNet" / "ip-adapter_sd15_vit-G.safetensors")
+    (root / "clip_vision").mkdir()
+    shutil.copy(IPA / "image_encoder_g" / "model.safetensors",
+                root / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors")
     return root
 
 
@@ -118,6 +124,60 @@ def test_an_ip_adapter_plus_unit_gives_the_python_apis_image(server, models) -> 
     assert "Model: ip-adapter-plus_sd15" in r.json()["info"]
 
 
+@pytest.mark.parametrize("module", ["ip-adapter_clip_g", "ip-adapter_clip_sdxl", "CLIP-ViT-bigG (IPAdapter)"])
+def test_a_vit_bigg_unit_matches_diffusers(server, module) -> None:
+    """sd-webui-controlnet's bigG module (and its old name, Forge's) with ip-adapter_sd15_vit-G, the encoder found
+    in ComfyUI's clip_vision/ by what the adapter reads: diffusers' load_ip_adapter image
+    (scripts/gen_ipadapter_more_refs.py)."""
+    import json
+
+    case = json.loads((IPA / "more_refs.json").read_text())[0]
+    assert case["name"] == "vitg/sd15/Euler/0.6"
+    unit = _unit(module=module, model="ip-adapter_sd15_vit-G", weight=case["scale"])
+    body = dict(BASE, prompt=case["prompt"], negative_prompt=case["negative_prompt"], steps=case["steps"],
+                cfg_scale=case["cfg"], seed=case["seed"], alwayson_scripts={"controlnet": {"args": [unit]}})
+    got = _served(_post(server, body))
+    want = np.load(IPA / "more_refs.npz")[case["name"]]
+    diff = np.abs(got.astype(int) - want[0].astype(int))  # the diffusers references' bound
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+
+
+def test_a_module_naming_the_other_encoder_is_refused(tmp_path) -> None:
+    """Full-size headers: ip-adapter_sdxl (reads ViT-bigG/14's image embeds) with the ViT-H module, and the other way."""
+    import json
+    import struct
+
+    from sdrt.serve.controlnet import _same_encoder
+    from sdrt.serve.errors import ApiError
+
+    def adapter(name: str, image_dim: int) -> Path:  # a safetensors header whose data the file system does not store
+        shapes = {"image_proj.proj.weight": (4 * 2048, image_dim), "image_proj.proj.bias": (4 * 2048,),
+                  "image_proj.norm.weight": (2048,), "image_proj.norm.bias": (2048,),
+                  "ip_adapter.1.to_k_ip.weight": (640, 2048), "ip_adapter.1.to_v_ip.weight": (640, 2048)}
+        header, off = {}, 0
+        for key, shape in shapes.items():
+            n = int(np.prod(shape)) * 2
+            header[key] = {"dtype": "F16", "shape": list(shape), "data_offsets": [off, off + n]}
+            off += n
+        raw = json.dumps(header).encode()
+        raw += b" " * (-len(raw) % 8)
+        with open(tmp_path / name, "wb") as f:
+            f.write(struct.pack("<Q", len(raw)) + raw)
+            f.truncate(8 + len(raw) + off)
+        return tmp_path / name
+
+    xl, vith = adapter("ip-adapter_sdxl.safetensors", 1280), adapter("ip-adapter_sdxl_vit-h.safetensors", 1024)
+    with pytest.raises(ApiError, match="the module ip-adapter_clip_h runs the ViT-H/14 image encoder and "
+                                       "ip-adapter_sdxl.safetensors reads ViT-bigG/14's image embeds; send module "
+                                       "ip-adapter_clip_g") as info:
+        _same_encoder("ip-adapter_clip_h", xl, "f.module")
+    assert info.value.status == 400
+    with pytest.raises(ApiError, match="send module ip-adapter_clip_sd15"):
+        _same_encoder("ip-adapter_clip_sdxl", vith, "f.module")
+    for module, ad in (("ip-adapter_clip_g", xl), ("ip-adapter-auto", xl), ("ip-adapter_clip_sdxl_plus_vith", vith)):
+        _same_encoder(module, ad, "f.module")
+
+
 @pytest.mark.parametrize("unit, field, words", [
     (_unit(module="ip-adapter_face_id"), "module", "IP-Adapter variant sdrt does not build"),
     (_unit(model="nothing_here"), "model", "no ControlNet model named"),
@@ -149,11 +209,20 @@ def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_visio
         _image_encoder(Path(adapter), registry, "f")
     assert info.value.status == 400
     (tmp_path / "clip_vision").mkdir()
-    for name in ("CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors", "CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"):
-        shutil.copy(IPA / "image_encoder" / "model.safetensors", tmp_path / "clip_vision" / name)
+    for name, enc in (("CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors", "image_encoder_g"),
+                      ("CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors", "image_encoder")):
+        shutil.copy(IPA / enc / "model.safetensors", tmp_path / "clip_vision" / name)
+    vitg = shutil.copy(IPA / "ip-adapter_tiny_vit-G.safetensors", tmp_path / "ControlNet" / "ip-adapter_sd15_vit-G.safetensors")
     assert _image_encoder(Path(adapter), registry, "f").name == "CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors"
+    assert _image_encoder(Path(vitg), registry, "f").name == "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"
     shutil.copytree(IPA / "image_encoder", tmp_path / "ControlNet" / "image_encoder")
     assert _image_encoder(Path(adapter), registry, "f") == tmp_path / "ControlNet" / "image_encoder"
+    # the ViT-H/14 folder beside it gives 24-wide embeds and the bigG adapter reads 20-wide: clip_vision/'s bigG
+    assert _image_encoder(Path(vitg), registry, "f").name == "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"
+    # ComfyUI's other bigG name, alone with the ViT-H one
+    (tmp_path / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors").rename(
+        tmp_path / "clip_vision" / "clip_vision_g.safetensors")
+    assert _image_encoder(Path(vitg), registry, "f").name == "clip_vision_g.safetensors"
 
 
 MULTI = np.load(IPA / "multi_refs.npz")

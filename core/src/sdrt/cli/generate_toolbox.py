@@ -70,8 +70,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                              "with --ip-adapter (a flag given once is every adapter's)")
     i.add_argument("--ip-adapter", action="append", default=[], metavar="FILE",
                    help="an adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
-                        "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus ones too; repeat it for several "
-                        "(their attentions add up: a style picture and a face, say)")
+                        "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus, Full Face and ViT-bigG/14 ones "
+                        "too; repeat it for several (their attentions add up: a style picture and a face, say)")
     i.add_argument("--ip-adapter-image", action="append", default=[], metavar="PNG",
                    help="the picture an adapter reads (one per --ip-adapter)")
     i.add_argument("--ip-adapter-scale", action="append", type=float, default=[], metavar="X",
@@ -83,9 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     i.add_argument("--ip-adapter-end", action="append", type=float, default=[], metavar="F",
                    help="the fraction of the steps an adapter ends at (default 1); outside its window it adds nothing")
     i.add_argument("--image-encoder", action="append", default=[], metavar="DIR",
-                   help="an adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14; default: "
-                        "the image_encoder folder beside the adapter, or models/image_encoder for sdxl_models/*vit-h*); "
-                        "adapters of one encoder encode their pictures in one call")
+                   help="an adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14, or "
+                        "sdxl_models/image_encoder, ViT-bigG/14, for ip-adapter_sdxl; default: of image_encoder/ "
+                        "beside the adapter, models/image_encoder and sdxl_models/image_encoder, the one that gives "
+                        "what the adapter reads); adapters of one encoder encode their pictures in one call")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")

@@ -50,9 +50,9 @@ class IPAdapter:
     """One IP-Adapter: ``adapter`` (``ip-adapter_sd15.safetensors``, SDXL's ``ip-adapter_sdxl_vit-h.safetensors``),
     the ``image`` it reads (HxWx3 uint8, a ``PIL.Image`` or a PNG/JPEG path), its ``scale`` (diffusers'
     ``set_ip_adapter_scale``; 0 leaves the image out) and the ``image_encoder`` (h94/IP-Adapter's
-    ``models/image_encoder`` folder: a CLIP ViT-H/14, or a folder holding its ``model.onnx``; None: the
-    ``image_encoder`` folder beside the adapter, or ``models/image_encoder`` for ``sdxl_models/*vit-h*``, as in
-    h94's repository). ``start``..``end``: the steps it runs on (fractions of the sampling steps; outside them it adds
+    ``models/image_encoder`` folder: a CLIP ViT-H/14, ``sdxl_models/image_encoder``, a ViT-bigG/14, for
+    ``ip-adapter_sdxl``, or a folder holding its ``model.onnx``; None: of ``image_encoder/`` beside the adapter and
+    h94's ``models/`` and ``sdxl_models/`` ones, the one that gives what the adapter reads). ``start``..``end``: the steps it runs on (fractions of the sampling steps; outside them it adds
     nothing), picked by ``window`` as a ControlNet's are (:class:`sdrt.pipelines.ControlNet`): ``"diffusers"`` (step
     ``i`` of ``n`` is on unless ``i / n < start or (i + 1) / n > end``, diffusers' ``controlnet_keep``) or
     ``"a1111"`` (sd-webui-controlnet's, for ControlNet and IP-Adapter units alike: on while ``start <= i / n <= end``).
@@ -256,7 +256,7 @@ def ip_inputs(part: Part) -> dict[int, int]:
 def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
     """Open the adapters (for the pipeline's family) and their encoders, encode the pictures (one encoder call per
     distinct encoder, its adapters' pictures in one batch): the job's tokens, one :class:`Prepared` per adapter."""
-    from ..checkpoint.ipadapter import open_image_encoder, open_ip_adapter
+    from ..checkpoint.ipadapter import check_encoder, open_image_encoder, open_ip_adapter
 
     family = pipe.family.name
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
@@ -274,11 +274,11 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
                                      else default_encoder(ad.path, where))
         except ModelError as exc:
             raise ModelError(exc.what, where=where, fix=exc.fix) from exc
-        if not reads_hidden(ad) and enc.embed_dim is not None and enc.embed_dim != ad.image_dim:
-            raise ModelError(f"the image encoder {enc.path.name} gives {enc.embed_dim}-wide image embeds and "
-                             f"{ad.path.name} reads {ad.image_dim}-wide ones", where=where,
-                             fix=f"pass {_said(where)} the encoder the adapter was trained with (ViT-H/14 for "
-                                 "ip-adapter_sd15 and ip-adapter_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
+        try:  # its width against the adapter's (image embeds or hidden states), naming the encoder to pass
+            check_encoder(ad, enc)
+        except ModelError as exc:
+            raise ModelError(exc.what, where=where,
+                             fix=(exc.fix or "").replace("{@image_encoder}", _said(where)) or None) from exc
         opened.append((ad, enc))
     groups: dict[tuple[str, str], list[int]] = {}
     for j, (_, enc) in enumerate(opened):
@@ -378,17 +378,18 @@ def encode(pipe: Any, enc: ImageEncoder, pixels: np.ndarray, name: str = "image_
 
 
 def default_encoder(adapter: Path, where: str = "image_encoder") -> Path:
-    """Where h94/IP-Adapter keeps the encoder of an adapter: ``image_encoder/`` beside it (``models/``), or
-    ``models/image_encoder`` for the ViT-H SDXL adapters in ``sdxl_models/``; InputError when neither is there."""
-    here = adapter.parent / "image_encoder"
-    if here.is_dir() and not ("vit-h" in adapter.name.lower() and adapter.parent.name == "sdxl_models"):
-        return here
-    h = adapter.parent.parent / "models" / "image_encoder"
-    if "vit-h" in adapter.name.lower() and h.is_dir():
-        return h
+    """Where h94/IP-Adapter keeps the encoder of an adapter (``image_encoder/`` beside it, ``models/``'s or
+    ``sdxl_models/``'s: the one that gives what it reads, :func:`sdrt.checkpoint.ipadapter.h94_encoder`);
+    InputError (on ``where``) when none is there."""
+    from ..checkpoint.ipadapter import h94_encoder
+
+    found = h94_encoder(Path(adapter))
+    if found is not None:
+        return found
     raise InputError(f"no image encoder for {adapter.name}: none given and no image_encoder folder beside it",
                      where=where, fix=f"pass {_said(where)} (h94/IP-Adapter's models/image_encoder folder, a CLIP "
-                                      "ViT-H/14: config.json and model.safetensors)")
+                                      "ViT-H/14, or sdxl_models/image_encoder, a ViT-bigG/14 for ip-adapter_sdxl: "
+                                      "config.json and model.safetensors)")
 
 
 def encoder_part(pipe: Any, enc: ImageEncoder, name: str = "image_encoder") -> Part:
@@ -461,6 +462,18 @@ def window_hook(preps: list[Prepared], part: Part, state: Any) -> Any:
 MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "sdxl": "ip-adapter_clip_sdxl_plus_vith"}
 
 
+def module_name(unit: IPAdapter, family: str) -> str:
+    """sd-webui-controlnet's module for the unit's encoder: ``ip-adapter_clip_g`` for the ViT-bigG/14 adapters, else
+    the ViT-H/14 one of the family."""
+    from ..checkpoint.ipadapter import adapter_reads, kind_for
+
+    reads = adapter_reads(Path(unit.adapter))
+    kind = kind_for(*reads) if reads is not None else None
+    if kind is not None and kind.graph == "clip_vision_g":
+        return "ip-adapter_clip_g"
+    return MODULE_NAMES.get(family, "ip-adapter_clip_sd15")
+
+
 def infotext(units: IPAdapter | list[IPAdapter], family: str, index: int) -> dict[str, str]:
     """The adapters as sd-webui-controlnet records its IP-Adapter units, one entry each: ``ControlNet N: "Module:
     ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.6, ..., Guidance Start: 0, Guidance End: 1, ..."``,
@@ -469,7 +482,7 @@ def infotext(units: IPAdapter | list[IPAdapter], family: str, index: int) -> dic
 
     fields = {}
     for j, unit in enumerate(units if isinstance(units, list) else [units]):
-        items = [("Module", MODULE_NAMES.get(family, "ip-adapter_clip_sd15")), ("Model", Path(unit.adapter).stem),
+        items = [("Module", module_name(unit, family)), ("Model", Path(unit.adapter).stem),
                  ("Weight", _short(unit.scale)), ("Resize Mode", "Crop and Resize"), ("Processor Res", "512"),
                  ("Guidance Start", _short(unit.start)), ("Guidance End", _short(unit.end)),
                  ("Pixel Perfect", "False"), ("Control Mode", "Balanced")]

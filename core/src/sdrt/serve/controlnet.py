@@ -14,6 +14,7 @@ differently is named in ``info.sdrt_not_honoured``, and a unit's keys that are n
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
@@ -62,17 +63,25 @@ HR_OPTIONS = ("Both", "Low res only", "High res only")
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
                             "without it)"),
           ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
-          ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base adapters, ip-adapter_sd15 and "
-                         "ip-adapter_sdxl_vit-h, with the ViT-H modules: " + ", ".join(("ip-adapter_clip_sd15",
-                                                                                         "ip-adapter_clip_h")) + ")"),
-          ("ip_adapter", "an IP-Adapter variant sdrt does not build (it runs ip-adapter_clip_sd15 / ip-adapter_clip_h)"),
-          ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter))"),
+          ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
+                         "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
+                         ", and the ViT-bigG/14 ones with ip-adapter_clip_g; FaceID needs InsightFace)"),
+          ("ip_adapter", "an IP-Adapter variant sdrt does not build (it runs ip-adapter_clip_sd15 / ip-adapter_clip_h "
+                         "/ ip-adapter_clip_g)"),
+          ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
+                        "CLIP-ViT-bigG (IPAdapter))"),
           ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
-#: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder the base adapters read
-#: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``)
+#: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
+#: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
+#: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
 IP_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_h", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter-auto",
-              "clip-vit-h (ipadapter)")
+              "clip-vit-h (ipadapter)", "ip-adapter_clip_g", "ip-adapter_clip_sdxl", "clip-vit-bigg (ipadapter)")
+#: the encoder an IP-Adapter module names (``ip-adapter-auto``: none, the adapter's own)
+IP_MODULE_ENCODERS = {"ip-adapter_clip_sd15": "ViT-H/14", "ip-adapter_clip_h": "ViT-H/14",
+                      "ip-adapter_clip_sdxl_plus_vith": "ViT-H/14", "clip-vit-h (ipadapter)": "ViT-H/14",
+                      "ip-adapter_clip_g": "ViT-bigG/14", "ip-adapter_clip_sdxl": "ViT-bigG/14",
+                      "clip-vit-bigg (ipadapter)": "ViT-bigG/14"}
 #: a unit's keys that are the extension's (its UI's and batch state too) and change nothing sdrt makes
 _QUIET = frozenset("""enabled image input_image mask mask_image module model weight resize_mode low_vram lowvram
 processor_res threshold_a threshold_b guidance_start guidance_end guidance pixel_perfect control_mode guess_mode
@@ -258,11 +267,13 @@ def is_ip_module(value: Any) -> bool:
 def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int, init_image: Any
                 ) -> tuple[list[Any], dict[str, str]]:
     """``([sdrt IPAdapter, ...], {pipeline argument: request field})``: every enabled ControlNet unit with an
-    IP-Adapter module (``ip-adapter_clip_sd15`` / ``ip-adapter_clip_h`` and a ``model`` naming an adapter in
-    ``ControlNet/``, e.g. ``ip-adapter_sd15`` or ``ip-adapter-plus-face_sd15``), in the units' order: its ``weight``
-    is the scale, its ``guidance_start`` / ``guidance_end`` the steps it runs on, by the extension's rule (on while
-    ``start <= i / n <= end``, as for its ControlNet units). The image encoder of each is the ``image_encoder/``
-    folder beside its adapter (h94's layout) or the models folder's ``clip_vision/`` (ComfyUI's: its ViT-H file)."""
+    IP-Adapter module (``ip-adapter_clip_sd15`` / ``ip-adapter_clip_h`` for ViT-H/14, ``ip-adapter_clip_g`` for
+    ViT-bigG/14, ``ip-adapter-auto``; one naming the other encoder than the adapter reads is a 400) and a ``model``
+    naming an adapter in ``ControlNet/``, e.g. ``ip-adapter_sd15``, ``ip-adapter-plus-face_sd15`` or
+    ``ip-adapter_sdxl``), in the units' order: its ``weight`` is the scale, its ``guidance_start`` /
+    ``guidance_end`` the steps it runs on, by the extension's rule (on while ``start <= i / n <= end``, as for its
+    ControlNet units). The image encoder of each is the one that gives what its adapter reads: the ``image_encoder/``
+    folder beside it (h94's layout) or in the models folder's ``clip_vision/`` (ComfyUI's files)."""
     from ..pipelines.ipadapter import IPAdapter, field_name
 
     found_script = script(body)
@@ -300,6 +311,7 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
     except SdrtError as exc:
         text = f"{where}.model: {exc.what}" + (f"; {exc.fix}" if exc.fix else "")
         raise ApiError(400, text.replace("{@model}", f"{where}.model"), field=f"{where}.model") from None
+    _same_encoder(unit.get("module"), entry.path, f"{where}.module")
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, _ = _image(unit.get(image_key), f"{where}.{image_key}", max_pixels)
     if image is None:
@@ -327,29 +339,49 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
                 window="a1111")  # sd-webui-controlnet's step window: start <= i / n <= end, as its ControlNet units'
 
 
-def _image_encoder(adapter: Any, registry: Registry, field: str) -> Any:
-    """The CLIP ViT-H/14 image encoder for an adapter of the ControlNet folder: ``image_encoder/`` beside it, else
-    the models folder's ``clip_vision/`` (a transformers folder, or its one ViT-H ``.safetensors``); 400 otherwise."""
-    from ..errors import InputError
-    from ..pipelines.ipadapter import default_encoder
+def _same_encoder(module: Any, adapter: Any, field: str) -> None:
+    """A 400 when the unit's module names one encoder (ViT-H/14, ViT-bigG/14) and the adapter reads the other's."""
+    from ..checkpoint.ipadapter import adapter_reads, kind_for
 
-    try:
-        return default_encoder(adapter)
-    except InputError:
-        pass
+    named = IP_MODULE_ENCODERS.get(str(module).strip().casefold())
+    reads = adapter_reads(adapter)
+    kind = kind_for(*reads) if reads is not None else None
+    if named is not None and kind is not None and kind.label != named:
+        use = next(m for m, e in IP_MODULE_ENCODERS.items() if e == kind.label)
+        raise ApiError(400, f"{field}: the module {module} runs the {named} image encoder and {Path(adapter).name} "
+                            f"reads {kind.label}'s {reads[0]}; send module {use} (or ip-adapter-auto)", field=field)
+
+
+def _image_encoder(adapter: Any, registry: Registry, field: str) -> Any:
+    """The image encoder for an adapter of the ControlNet folder, the one that gives what it reads (ViT-H/14 or
+    ViT-bigG/14, told by config.json or the tensors' header): ``image_encoder/`` beside it (h94's layout, with
+    ``models/`` and ``sdxl_models/``), else in the models folder's ``clip_vision/`` (a transformers folder, or one of
+    its ``.safetensors``, ComfyUI's); failing that the one there is (its width then refused naming the one to
+    pass); 400 when there is none."""
+    from ..checkpoint.ipadapter import find_encoder, h94_encoder
+
+    adapter = Path(adapter)
     models = registry.models_dir
     folder = next((p for p in sorted(models.iterdir()) if p.is_dir() and p.name.casefold() == "clip_vision"), None) \
         if models is not None and models.is_dir() else None
-    if folder is not None:
-        if (folder / "config.json").is_file():
-            return folder
-        files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".safetensors")
-        vit_h = [p for p in files if any(t in p.name.casefold() for t in ("vit-h", "vit_h", "h-14", "h14", "clip_h"))]
-        if len(vit_h) == 1 or len(files) == 1:
-            return (vit_h or files)[0]
+    files = sorted(p for p in folder.iterdir() if p.suffix.lower() == ".safetensors") if folder is not None else []
+    comfy = ([folder] if folder is not None and (folder / "config.json").is_file() else []) + files
+    h94 = h94_encoder(adapter)
+    found = find_encoder(adapter, ([h94] if h94 is not None else []) + comfy)
+    if found is not None:
+        return found
+    if h94 is not None:
+        return h94
+    if comfy and comfy[0] == folder:
+        return folder
+    vit_h = [p for p in files if any(t in p.name.casefold() for t in ("vit-h", "vit_h", "h-14", "h14", "clip_h"))]
+    if len(vit_h) == 1 or len(files) == 1:
+        return (vit_h or files)[0]
     raise ApiError(400, f"{field}: no image encoder for the IP-Adapter: put h94/IP-Adapter's models/image_encoder "
-                        "folder (CLIP ViT-H/14) beside the adapter in the ControlNet folder as image_encoder/, or its "
-                        "model.safetensors in a clip_vision folder of the models folder", field=field)
+                        "folder (CLIP ViT-H/14; sdxl_models/image_encoder, ViT-bigG/14, for ip-adapter_sdxl) beside "
+                        "the adapter in the ControlNet folder as image_encoder/, or its model.safetensors in a "
+                        "clip_vision folder of the models folder (ComfyUI's CLIP-ViT-H-14-laion2B-s32B-b79K.safetensors "
+                        "or CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors)", field=field)
 
 
 def _reads_mask(net: Any) -> bool:
