@@ -90,3 +90,24 @@ def test_vit_bigg_and_full_face_adapters_match_diffusers_on_compiled_backends(ba
                 assert pipe.unet.backend == backend
                 assert [p.backend for p in pipe._ip_encoders.values()] == [backend]
 
+
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_a_vit_bigg_and_a_full_face_adapter_together_match_diffusers_on_compiled_backends(backend, monkeypatch):
+    """Two encoders of two architectures compiled on the backend in one run, the UNet with 4 + 17 image tokens, with
+    and without windows (scripts/gen_ipadapter_mixed_refs.py)."""
+    from test_ipadapter_mixed import CASES as MIXED_CASES
+    from test_ipadapter_mixed import MIXED, adapters
+    from test_ipadapter_mixed import kw as mixed_kw
+    from test_ipadapter_more import TINY
+
+    from sdrt import pipelines
+    from sdrt.checkpoint import graphs
+
+    real = graphs.shipped_graph
+    monkeypatch.setattr(graphs, "shipped_graph", lambda name: TINY.get(name) or real(name))
+    register(backend)
+    with pipelines.load(FOLDER, backend=backend) as pipe:
+        for name, case in MIXED_CASES.items():
+            got = pipe.generate("a photo of a red cat", "blurry", ip_adapter=adapters(case), **mixed_kw(case)).images
+            assert_matches_diffusers(got, MIXED[name])
+            assert [p.backend for p in pipe._ip_encoders.values()] == [backend, backend]

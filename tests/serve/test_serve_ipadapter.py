@@ -54,6 +54,7 @@ def models(tmp_path_factory) -> Path:
     shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
     # the ViT-bigG/14 adapter: its encoder in ComfyUI's clip_vision/ (the one beside is ViT-H/14)
     shutil.copy(IPA / "ip-adapter_tiny_vit-G.safetensors", root / "ControlNet" / "ip-adapter_sd15_vit-G.safetensors")
+    shutil.copy(IPA / "ip-adapter-full-face_tiny.safetensors", root / "ControlNet" / "ip-adapter-full-face_sd15.safetensors")
     (root / "clip_vision").mkdir()
     shutil.copy(IPA / "image_encoder_g" / "model.safetensors",
                 root / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors")
@@ -256,6 +257,38 @@ def test_several_ip_units_run_together_each_in_its_window_as_the_extension(serve
     assert "ControlNet 0: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9, " in info, info
     assert "Guidance Start: 0.3, Guidance End: 1" in info and "ControlNet 1: " in info, info
     assert "window" not in info
+
+
+def test_a_vit_bigg_unit_and_a_full_face_unit_run_together_in_their_windows(server, models) -> None:
+    """A ViT-bigG/14 unit (ip-adapter_clip_g, its encoder in clip_vision/) up to half the steps and a Full Face unit
+    (ip-adapter_clip_h, the ViT-H/14 encoder beside it) from 0.3: two encoders in one request, diffusers' image of
+    the two adapters by the extension's window rule (scripts/gen_ipadapter_mixed_refs.py) within 1 level, and the
+    Python API's with window="a1111" exactly."""
+    case = next(c for c in json.loads((IPA / "mixed_refs.json").read_text())
+                if c["name"] == "mixed/sd15/vitg+fullface/window/a1111")
+    pictures = {"a": REFS["ip_image"], "b": MULTI["picture_b"]}
+    served = {"ip-adapter_tiny_vit-G.safetensors": ("ip-adapter_clip_g", "ip-adapter_sd15_vit-G",
+                                                    models / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"),
+              "ip-adapter-full-face_tiny.safetensors": ("ip-adapter_clip_h", "ip-adapter-full-face_sd15",
+                                                        models / "ControlNet" / "image_encoder")}
+    units = [_unit(module=served[f][0], model=served[f][1], image=_b64(pictures[pic]), weight=scale,
+                   guidance_start=start, guidance_end=end) for f, pic, scale, start, end in case["adapters"]]
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"],
+                alwayson_scripts={"controlnet": {"args": units}})
+    r = _post(server, body)
+    got = _served(r)
+    diff = np.abs(got.astype(int) - np.load(IPA / "mixed_refs.npz")[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    ips = [IPAdapter(models / "ControlNet" / f"{served[f][1]}.safetensors", image=pictures[pic], scale=scale,
+                     image_encoder=served[f][2], start=start, end=end, window="a1111")
+           for f, pic, scale, start, end in case["adapters"]]
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, **dict(KW, steps=case["steps"],
+                                                                              seed=case["seed"])).images[0]
+    assert np.array_equal(got, want)
+    info = r.json()["info"]
+    assert "Model: ip-adapter_sd15_vit-G, Weight: 0.8" in info and "Guidance Start: 0, Guidance End: 0.5" in info, info
+    assert "ControlNet 1: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter-full-face_sd15, Weight: 0.6" in info, info
 
 
 def test_the_controlnet_script_is_the_last_key_naming_it_for_ip_units_too(server) -> None:
