@@ -447,3 +447,19 @@ def test_the_infotext_names_sd_webui_controlnets_bigg_module(tmp_path):
     vith = IPAdapter(h94_adapter(tmp_path / "ip-adapter_sdxl_vit-h.safetensors", "base", 2048, 1024), image=None)
     assert "Module: ip-adapter_clip_g, Model: ip-adapter_sdxl," in infotext(xl, "sdxl", 0)["ControlNet 0"]
     assert "Module: ip-adapter_clip_sdxl_plus_vith," in infotext(vith, "sdxl", 0)["ControlNet 0"]
+
+
+def test_the_infotext_names_each_units_module_when_a_bigg_and_a_vit_h_adapter_run_together(tmp_path):
+    """Several adapters of both encoders: one entry each, numbered after the ControlNet units, each with its own
+    module (ip-adapter_clip_g for the ViT-bigG/14 one, the ViT-H/14 one for Full Face) and window."""
+    from sdrt.pipelines.ipadapter import IPAdapter, infotext
+
+    g = IPAdapter(h94_adapter(tmp_path / "ip-adapter_sd15_vit-G.safetensors", "base", 768, 1280), image=None, end=0.5)
+    full = IPAdapter(h94_adapter(tmp_path / "ip-adapter-full-face_sd15.safetensors", "full", 768, 1280), image=None,
+                     start=0.3)
+    got = infotext([g, full], "sd1", 1)
+    assert list(got) == ["ControlNet 1", "ControlNet 2"]
+    assert got["ControlNet 1"].startswith("Module: ip-adapter_clip_g, Model: ip-adapter_sd15_vit-G, Weight: 1,")
+    assert "Guidance Start: 0, Guidance End: 0.5," in got["ControlNet 1"]
+    assert got["ControlNet 2"].startswith("Module: ip-adapter_clip_sd15, Model: ip-adapter-full-face_sd15,")
+    assert "Guidance Start: 0.3, Guidance End: 1," in got["ControlNet 2"]

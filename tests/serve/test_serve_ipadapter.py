@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
@@ -53,6 +54,7 @@ def models(tmp_path_factory) -> Path:
     shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
     # the ViT-bigG/14 adapter: its encoder in ComfyUI's clip_vision/ (the one beside is ViT-H/14)
     shutil.copy(IPA / "ip-adapter_tiny_vit-G.safetensors", root / "ControlNet" / "ip-adapter_sd15_vit-G.safetensors")
+    shutil.copy(IPA / "ip-adapter-full-face_tiny.safetensors", root / "ControlNet" / "ip-adapter-full-face_sd15.safetensors")
     (root / "clip_vision").mkdir()
     shutil.copy(IPA / "image_encoder_g" / "model.safetensors",
                 root / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors")
@@ -183,6 +185,8 @@ def test_a_module_naming_the_other_encoder_is_refused(tmp_path) -> None:
     (_unit(model="ip-adapter_sdxl_vit-h"), "model", "and the model is SD 1.x"),
     (_unit(image=None), "image", "needs its picture"),
     (_unit(weight=11), "weight", "at most 10"),
+    (_unit(guidance_start=0.8, guidance_end=0.2), "guidance_start", "is after"),
+    (_unit(guidance_end=1.5), "guidance_end", "at most 1"),
 ])
 def test_bad_ip_adapter_units(server, unit, field, words) -> None:
     r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
@@ -220,3 +224,134 @@ def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_visio
     (tmp_path / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors").rename(
         tmp_path / "clip_vision" / "clip_vision_g.safetensors")
     assert _image_encoder(Path(vitg), registry, "f").name == "clip_vision_g.safetensors"
+
+
+MULTI = np.load(IPA / "multi_refs.npz")
+MULTI_CASES = {c["name"]: c for c in json.loads((IPA / "multi_refs.json").read_text())}
+
+
+def test_several_ip_units_run_together_each_in_its_window_as_the_extension(server, models) -> None:
+    """Two IP-Adapter units (the base adapter on one picture, the Plus one on another), each with its
+    guidance_start / guidance_end: diffusers' image of the two adapters switched on and off by sd-webui-controlnet's
+    rule (start <= i / n <= end; scripts/gen_ipadapter_multi_refs.py), the Python API's with window="a1111", one
+    "ControlNet N" infotext entry per unit with its window, and no note about the window."""
+    case = MULTI_CASES["multi/sd15/window/a1111"]
+    pictures = {"a": REFS["ip_image"], "b": MULTI["picture_b"]}
+    files = {"ip-adapter_tiny.safetensors": "ip-adapter_sd15", "ip-adapter-plus_tiny.safetensors": "ip-adapter-plus_sd15"}
+    units = [_unit(model=f"{files[f]} [0123abcd]", image=_b64(pictures[pic]), weight=scale, guidance_start=start,
+                   guidance_end=end) for f, pic, scale, start, end in case["adapters"]]
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"],
+                alwayson_scripts={"controlnet": {"args": [units[0], {"enabled": False}, units[1]]}})
+    r = _post(server, body)
+    got = _served(r)
+    diff = np.abs(got.astype(int) - MULTI[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    ips = [IPAdapter(models / "ControlNet" / f"{files[f]}.safetensors", image=pictures[pic], scale=scale,
+                     image_encoder=IPA / "image_encoder", start=start, end=end, window="a1111")
+           for f, pic, scale, start, end in case["adapters"]]
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, **dict(KW, steps=case["steps"],
+                                                                              seed=case["seed"])).images[0]
+    assert np.array_equal(got, want)
+    info = r.json()["info"]
+    assert "ControlNet 0: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9, " in info, info
+    assert "Guidance Start: 0.3, Guidance End: 1" in info and "ControlNet 1: " in info, info
+    assert "window" not in info
+
+
+def test_a_vit_bigg_unit_and_a_full_face_unit_run_together_in_their_windows(server, models) -> None:
+    """A ViT-bigG/14 unit (ip-adapter_clip_g, its encoder in clip_vision/) up to half the steps and a Full Face unit
+    (ip-adapter_clip_h, the ViT-H/14 encoder beside it) from 0.3: two encoders in one request, diffusers' image of
+    the two adapters by the extension's window rule (scripts/gen_ipadapter_mixed_refs.py) within 1 level, and the
+    Python API's with window="a1111" exactly."""
+    case = next(c for c in json.loads((IPA / "mixed_refs.json").read_text())
+                if c["name"] == "mixed/sd15/vitg+fullface/window/a1111")
+    pictures = {"a": REFS["ip_image"], "b": MULTI["picture_b"]}
+    served = {"ip-adapter_tiny_vit-G.safetensors": ("ip-adapter_clip_g", "ip-adapter_sd15_vit-G",
+                                                    models / "clip_vision" / "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"),
+              "ip-adapter-full-face_tiny.safetensors": ("ip-adapter_clip_h", "ip-adapter-full-face_sd15",
+                                                        models / "ControlNet" / "image_encoder")}
+    units = [_unit(module=served[f][0], model=served[f][1], image=_b64(pictures[pic]), weight=scale,
+                   guidance_start=start, guidance_end=end) for f, pic, scale, start, end in case["adapters"]]
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"],
+                alwayson_scripts={"controlnet": {"args": units}})
+    r = _post(server, body)
+    got = _served(r)
+    diff = np.abs(got.astype(int) - np.load(IPA / "mixed_refs.npz")[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    ips = [IPAdapter(models / "ControlNet" / f"{served[f][1]}.safetensors", image=pictures[pic], scale=scale,
+                     image_encoder=served[f][2], start=start, end=end, window="a1111")
+           for f, pic, scale, start, end in case["adapters"]]
+    with pipelines.load(models / "tiny-sd15", backend="reference") as pipe:
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, **dict(KW, steps=case["steps"],
+                                                                              seed=case["seed"])).images[0]
+    assert np.array_equal(got, want)
+    info = r.json()["info"]
+    assert "Model: ip-adapter_sd15_vit-G, Weight: 0.8" in info and "Guidance Start: 0, Guidance End: 0.5" in info, info
+    assert "ControlNet 1: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter-full-face_sd15, Weight: 0.6" in info, info
+
+
+def test_the_controlnet_script_is_the_last_key_naming_it_for_ip_units_too(server) -> None:
+    """Two keys of alwayson_scripts naming the ControlNet script ("ControlNet", "controlnet"): the units of the
+    last run (A1111 writes each key's args in turn), for ControlNet and IP-Adapter units alike, and the earlier key
+    is named as not used. The IP units were read from the first key before, the ControlNet ones from the last."""
+    first = _unit(model="ip-adapter-plus_sd15 [0123abcd]")
+    r = _post(server, dict(BASE, steps=1, alwayson_scripts={"ControlNet": {"args": [first]},
+                                                           "controlnet": {"args": [_unit()]}}))
+    assert r.status_code == 200, r.text
+    info = r.json()["info"]
+    assert "Model: ip-adapter_sd15," in info and "ip-adapter-plus_sd15" not in info, info
+    assert "alwayson_scripts.ControlNet: another key names the ControlNet script after it" in info, info
+
+
+@pytest.fixture(scope="module")
+def cn_server(tmp_path_factory, tiny_encoder_graph) -> Iterator[tuple[str, Path]]:
+    """A server of tiny-sd15-controlnet (its own nets) with the adapters and their encoder in ControlNet/."""
+    from sdrt.serve import ServeConfig
+
+    root = tmp_path_factory.mktemp("ipa-cn-models")
+    shutil.copytree(DATA / "pipelines" / "tiny-sd15-controlnet", root / "tiny-cn")
+    (root / "ControlNet").mkdir()
+    shutil.copy(IPA / "ip-adapter_tiny.safetensors", root / "ControlNet" / "ip-adapter_sd15.safetensors")
+    shutil.copy(IPA / "ip-adapter-plus_tiny.safetensors", root / "ControlNet" / "ip-adapter-plus_sd15.safetensors")
+    shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
+    with live_server(ServeConfig(models=root, backend="reference")) as url:
+        yield url, root
+
+
+def test_controlnet_and_ip_units_mix(cn_server) -> None:
+    """A ControlNet unit and IP-Adapter units in one request: with one IP unit, diffusers' image of
+    StableDiffusionControlNetPipeline with the adapter loaded (tests/data/ipadapter/refs.npz); with the ControlNet
+    unit between two IP units with windows, the Python API's image of the same units (the IP ones by the extension's
+    window rule), and the infotext numbers the ControlNet unit first, then the IP units."""
+    url, root = cn_server
+    from sdrt.pipelines import ControlNet
+
+    case = next(c for c in json.loads((IPA / "refs.json").read_text()) if c["name"] == "controlnet+ip/Euler/0.6")
+    edges = np.load(DATA / "pipelines" / "tiny-sd15-controlnet" / "refs.npz")["edges"]
+    net = {"enabled": True, "module": "none", "model": "controlnet", "image": _b64(edges),
+           "weight": case["control_scale"]}
+    body = dict(BASE, steps=case["steps"], seed=case["seed"], cfg_scale=case["cfg"])
+    got = _served(_post(url, dict(body, alwayson_scripts={"controlnet": {"args": [net, _unit(weight=case["scale"])]}})))
+    diff = np.abs(got.astype(int) - REFS[case["name"]][0].astype(int))
+    assert diff.max() <= 1 and (diff > 0).mean() <= 0.005, (diff.max(), (diff > 0).mean())
+    units = [_unit(weight=0.9, guidance_end=0.5), net,
+             _unit(model="ip-adapter-plus_sd15", image=_b64(MULTI["picture_b"]), weight=0.8, guidance_start=0.3)]
+    r = _post(url, dict(body, steps=5, alwayson_scripts={"controlnet": {"args": units}}))
+    got = _served(r)
+    ips = [IPAdapter(root / "ControlNet" / "ip-adapter_sd15.safetensors", image=REFS["ip_image"], scale=0.9, end=0.5,
+                     image_encoder=IPA / "image_encoder", window="a1111"),
+           IPAdapter(root / "ControlNet" / "ip-adapter-plus_sd15.safetensors", image=MULTI["picture_b"], scale=0.8,
+                     start=0.3, image_encoder=IPA / "image_encoder", window="a1111")]
+    with pipelines.load(root / "tiny-cn", backend="reference") as pipe:
+        kw = dict(KW, steps=5, seed=case["seed"], cfg=case["cfg"])
+        want = pipe.generate(BASE["prompt"], "blurry", ip_adapter=ips, controlnets=[
+            ControlNet("controlnet", edges, case["control_scale"], window="a1111")], **kw).images[0]
+        only_net = pipe.generate(BASE["prompt"], "blurry", controlnets=[
+            ControlNet("controlnet", edges, case["control_scale"], window="a1111")], **kw).images[0]
+    assert np.array_equal(got, want)
+    assert np.abs(got.astype(int) - only_net.astype(int)).max() > 20
+    info = r.json()["info"]
+    assert "ControlNet 0: \\\"Module: none, Model: controlnet" in info, info
+    assert "ControlNet 1: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9" in info, info
+    assert "ControlNet 2: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter-plus_sd15, Weight: 0.8" in info, info

@@ -9,6 +9,11 @@ image tokens (4 rows per image, a few small products) and folds the scale into t
 (``scale * softmax(q k^T) v = softmax(q k^T) (scale v)``). So the edited graph holds no adapter weight: one compiled
 UNet serves every adapter file and scale, and the UNet's own weights bind as before.
 
+Several adapters (diffusers' ``load_ip_adapter`` with lists, sd-webui-controlnet's several IP-Adapter units): one more
+attention per layer per adapter, their outputs summed after the text attention's in the adapters' order. Adapter ``j``
+past the first has the inputs ``ip_adapter_{k}_key_{j}`` / ``ip_adapter_{k}_value_{j}``, with its own token count
+(``ip_tokens_{j}``: 4 for a base adapter, 16 for a Plus one).
+
 The layers are found by name, in the two ways UNet exports carry them: initializer names
 (``...attn2.to_q.weight``, the dynamo exporter and sdrt's shipped graphs) or node names
 (``/unet/.../attn2/to_q/MatMul``, the TorchScript exporter and Optimum's exports, whose weights are anonymous).
@@ -64,9 +69,16 @@ def processor_indices(paths: list[str]) -> dict[str, int]:
     return {p: 2 * i + 1 for i, p in enumerate(sorted(paths, key=processor_order))}
 
 
-def ip_attention_graph(model: Any, heads: Callable[[int], int], where: str, tokens: str = "ip_tokens") -> Any:
+def input_names(k: int, j: int = 0) -> tuple[str, str]:
+    """The key and value inputs of cross-attention layer ``k`` for adapter ``j`` (the first: no suffix)."""
+    tail = f"_{j}" if j else ""
+    return f"ip_adapter_{k}_key{tail}", f"ip_adapter_{k}_value{tail}"
+
+
+def ip_attention_graph(model: Any, heads: Callable[[int], int], where: str, tokens: str = "ip_tokens",
+                       adapters: int = 1) -> Any:
     """``model`` (an ``onnx.ModelProto`` of a UNet) with IP-Adapter attention in every cross-attention layer, in
-    place; ``heads(width)``: the layer's attention heads where the graph does not say them (the ``Reshape`` that
+    place, once per adapter (``adapters``, summed); ``heads(width)``: the layer's attention heads where the graph does not say them (the ``Reshape`` that
     splits its query into heads). Raises ``ModelError`` when the layers cannot be found."""
     from onnx import TensorProto, helper
 
@@ -109,43 +121,49 @@ def ip_attention_graph(model: Any, heads: Callable[[int], int], where: str, toke
             raise ModelError(f"{path} is {width} wide, which {h} attention heads do not divide", where=where,
                              fix="check the UNet's config.json (attention_head_dim)")
         d = width // h
-        kname, vname = f"ip_adapter_{k}_key", f"ip_adapter_{k}_value"
-        for name in (kname, vname):
-            shape = [batch if batch is not None else "batch", tokens, width]
-            vi = helper.make_tensor_value_info(name, dtype, None)
-            for dim in shape:
-                new = vi.type.tensor_type.shape.dim.add()
-                if isinstance(dim, str):
-                    new.dim_param = dim
-                elif isinstance(dim, int):
-                    new.dim_value = dim
-                else:
-                    new.CopyFrom(dim)
-            new_inputs.append(vi)
         t = f"/ip_adapter/{k}/"
         scale = helper.make_tensor(t + "scale", dtype, [], [1.0 / d ** 0.5])
         split = helper.make_tensor(t + "heads", TensorProto.INT64, [4], [0, 0, h, d])
         merge = helper.make_tensor(t + "merge", TensorProto.INT64, [3], [0, 0, width])
-        q, attn = q_node.output[0], out_node.input[0]
-        extra[out_node.name or out_node.output[0]] = [
+        q, total = q_node.output[0], out_node.input[0]
+        added = [
             helper.make_node("Constant", [], [t + "scale_c"], value=scale),
             helper.make_node("Constant", [], [t + "heads_c"], value=split),
             helper.make_node("Constant", [], [t + "merge_c"], value=merge),
             helper.make_node("Reshape", [q, t + "heads_c"], [t + "q4"]),
             helper.make_node("Transpose", [t + "q4"], [t + "q"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [kname, t + "heads_c"], [t + "k4"]),
-            helper.make_node("Transpose", [t + "k4"], [t + "kt"], perm=[0, 2, 3, 1]),
-            helper.make_node("Reshape", [vname, t + "heads_c"], [t + "v4"]),
-            helper.make_node("Transpose", [t + "v4"], [t + "v"], perm=[0, 2, 1, 3]),
-            helper.make_node("MatMul", [t + "q", t + "kt"], [t + "scores0"]),
-            helper.make_node("Mul", [t + "scores0", t + "scale_c"], [t + "scores"]),
-            helper.make_node("Softmax", [t + "scores"], [t + "probs"], axis=-1),
-            helper.make_node("MatMul", [t + "probs", t + "v"], [t + "o4"]),
-            helper.make_node("Transpose", [t + "o4"], [t + "o"], perm=[0, 2, 1, 3]),
-            helper.make_node("Reshape", [t + "o", t + "merge_c"], [t + "ip"]),
-            helper.make_node("Add", [attn, t + "ip"], [t + "sum"]),
         ]
-        out_node.input[0] = t + "sum"
+        for j in range(adapters):
+            kname, vname = input_names(k, j)
+            for name in (kname, vname):
+                shape = [batch if batch is not None else "batch", f"{tokens}_{j}" if j else tokens, width]
+                vi = helper.make_tensor_value_info(name, dtype, None)
+                for dim in shape:
+                    new = vi.type.tensor_type.shape.dim.add()
+                    if isinstance(dim, str):
+                        new.dim_param = dim
+                    elif isinstance(dim, int):
+                        new.dim_value = dim
+                    else:
+                        new.CopyFrom(dim)
+                new_inputs.append(vi)
+            a = t if not j else f"{t}{j}/"  # the first adapter's node names as before (one adapter: the same graph)
+            added += [
+                helper.make_node("Reshape", [kname, t + "heads_c"], [a + "k4"]),
+                helper.make_node("Transpose", [a + "k4"], [a + "kt"], perm=[0, 2, 3, 1]),
+                helper.make_node("Reshape", [vname, t + "heads_c"], [a + "v4"]),
+                helper.make_node("Transpose", [a + "v4"], [a + "v"], perm=[0, 2, 1, 3]),
+                helper.make_node("MatMul", [t + "q", a + "kt"], [a + "scores0"]),
+                helper.make_node("Mul", [a + "scores0", t + "scale_c"], [a + "scores"]),
+                helper.make_node("Softmax", [a + "scores"], [a + "probs"], axis=-1),
+                helper.make_node("MatMul", [a + "probs", a + "v"], [a + "o4"]),
+                helper.make_node("Transpose", [a + "o4"], [a + "o"], perm=[0, 2, 1, 3]),
+                helper.make_node("Reshape", [a + "o", t + "merge_c"], [a + "ip"]),
+                helper.make_node("Add", [total, a + "ip"], [a + "sum"]),
+            ]
+            total = a + "sum"
+        extra[out_node.name or out_node.output[0]] = added
+        out_node.input[0] = total
     nodes = list(g.node)
     del g.node[:]
     for node in nodes:

@@ -66,19 +66,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--guess-mode", action="store_true",
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
-    i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL)")
-    i.add_argument("--ip-adapter", default=None, metavar="FILE",
-                   help="the adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
-                        "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL)")
-    i.add_argument("--ip-adapter-image", default=None, metavar="PNG", help="the picture the adapter reads")
-    i.add_argument("--ip-adapter-scale", type=float, default=None, metavar="X",
+    i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL); each flag repeats, paired in order "
+                             "with --ip-adapter (a flag given once is every adapter's)")
+    i.add_argument("--ip-adapter", action="append", default=[], metavar="FILE",
+                   help="an adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
+                        "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus, Full Face and ViT-bigG/14 ones "
+                        "too; repeat it for several (their attentions add up: a style picture and a face, say)")
+    i.add_argument("--ip-adapter-image", action="append", default=[], metavar="PNG",
+                   help="the picture an adapter reads (one per --ip-adapter)")
+    i.add_argument("--ip-adapter-scale", action="append", type=float, default=[], metavar="X",
                    help="how much of the picture (diffusers' set_ip_adapter_scale; default 1, 0.5-0.7 keeps more "
                         "of the prompt)")
-    i.add_argument("--image-encoder", default=None, metavar="DIR",
-                   help="the adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14, or "
+    i.add_argument("--ip-adapter-start", action="append", type=float, default=[], metavar="F",
+                   help="the fraction of the steps an adapter starts at (default 0; diffusers' ControlNet window rule: "
+                        "step i of n is on unless i/n < start or (i+1)/n > end)")
+    i.add_argument("--ip-adapter-end", action="append", type=float, default=[], metavar="F",
+                   help="the fraction of the steps an adapter ends at (default 1); outside its window it adds nothing")
+    i.add_argument("--image-encoder", action="append", default=[], metavar="DIR",
+                   help="an adapter's CLIP image encoder (h94/IP-Adapter's models/image_encoder, ViT-H/14, or "
                         "sdxl_models/image_encoder, ViT-bigG/14, for ip-adapter_sdxl; default: of image_encoder/ "
                         "beside the adapter, models/image_encoder and sdxl_models/image_encoder, the one that gives "
-                        "what the adapter reads)")
+                        "what the adapter reads); adapters of one encoder encode their pictures in one call")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
@@ -135,6 +143,52 @@ def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
         raise InputError(f"{len(values)} {flag} values for {n} ControlNet(s)", where=flag,
                          fix=f"give {flag} once (for every ControlNet) or once per --control-image")
     return values
+
+
+#: the IP-Adapter flags besides --ip-adapter, by the field the pipeline's errors name (sdrt.pipelines.ipadapter)
+_IP_FLAGS = (("image", "ip_adapter_image"), ("scale", "ip_adapter_scale"), ("start", "ip_adapter_start"),
+             ("end", "ip_adapter_end"), ("image_encoder", "image_encoder"))
+
+
+def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
+    """``--ip-adapter`` and its flags, paired in order: the pipeline's ``ip_adapter`` (one, or a list)."""
+    files = args.ip_adapter
+    if not files:
+        for _, key in _IP_FLAGS:
+            if getattr(args, key):
+                raise InputError(f"{{@{key}}} without --ip-adapter", where=key,
+                                 fix="pass --ip-adapter FILE too, or leave {@" + key + "} out")
+        return
+    n = len(files)
+    images = args.ip_adapter_image
+    if not images:
+        raise InputError("--ip-adapter needs --ip-adapter-image (the picture it reads)", where="--ip-adapter",
+                         fix="pass --ip-adapter-image PNG too" + (" (one per --ip-adapter)" if n > 1 else ""))
+    if len(images) != n:
+        raise InputError(f"{len(images)} --ip-adapter-image for {n} --ip-adapter", where="--ip-adapter-image",
+                         fix="give one --ip-adapter-image per --ip-adapter, in the same order")
+
+    def each(key: str) -> list[Any]:
+        values = getattr(args, key)
+        flag = "--" + key.replace("_", "-")
+        if len(values) > 1 and len(values) != n:
+            raise InputError(f"{len(values)} {flag} values for {n} --ip-adapter", where=flag,
+                             fix=f"give {flag} once (for every adapter) or once per --ip-adapter, in the same order")
+        return values * n if len(values) == 1 else values or [None] * n
+
+    from ..pipelines.ipadapter import IPAdapter, field_name
+
+    scales, starts, ends, encoders = (each(k) for k in ("ip_adapter_scale", "ip_adapter_start", "ip_adapter_end",
+                                                         "image_encoder"))
+    units = [IPAdapter(f, image=img, scale=1.0 if sc is None else sc, image_encoder=enc,
+                       start=0.0 if st is None else st, end=1.0 if en is None else en)
+             for f, img, sc, st, en, enc in zip(files, images, scales, starts, ends, encoders)]
+    opts["ip_adapter"] = units[0] if n == 1 else units
+    if n > 1:  # the pipeline names adapter j's fields ip_adapter[j] ...: errors say which flag, and which one
+        names = {field_name("", j, n): f"the {_ordinal(j + 1)} --ip-adapter" for j in range(n)}
+        names.update({field_name(name, j, n): f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
+                      for j in range(n) for name, key in _IP_FLAGS})
+        args._names = {**getattr(args, "_names", {}), **names}
 
 
 def options(args: argparse.Namespace) -> dict[str, Any]:
@@ -233,20 +287,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
                                     inpaint_crop=crop != "off", hr_option=hr or "Both"))
         opts["controlnets"] = units
-    if args.ip_adapter is not None:
-        if args.ip_adapter_image is None:
-            raise InputError("--ip-adapter needs --ip-adapter-image (the picture it reads)", where="--ip-adapter",
-                             fix="pass --ip-adapter-image PNG too")
-        from ..pipelines.ipadapter import IPAdapter
-
-        opts["ip_adapter"] = IPAdapter(args.ip_adapter, image=args.ip_adapter_image,
-                                       scale=1.0 if args.ip_adapter_scale is None else args.ip_adapter_scale,
-                                       image_encoder=args.image_encoder)
-    else:
-        for key in ("ip_adapter_image", "ip_adapter_scale", "image_encoder"):
-            if getattr(args, key) is not None:
-                raise InputError(f"{{@{key}}} without --ip-adapter", where=key,
-                                 fix="pass --ip-adapter FILE too, or leave {@" + key + "} out")
+    _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
                 "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt", "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):

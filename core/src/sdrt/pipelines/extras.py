@@ -114,27 +114,34 @@ class ToolboxMixin:
             self._preview_fn = None
 
     def _prepare_ip_adapter(self, s: Settings) -> None:
-        """The UNet with IP attention while an IP-Adapter is asked for, as its file has it otherwise."""
+        """The UNet with IP attention for the adapters asked for (one more attention a layer each), as its file
+        has it otherwise."""
         from . import ipadapter as ipa
 
-        unit = s.toolbox.ip_adapter
+        units = s.toolbox.ip_adapter
+        self._ip_prepared = None
         family = self.family.name  # type: ignore[attr-defined]
-        if unit is not None and family not in ipa.FAMILIES:
+        if units and family not in ipa.FAMILIES:
             raise InputError(f"IP-Adapter is not supported for {self.family.label}",  # type: ignore[attr-defined]
                              where="ip_adapter", fix="use an SD 1.x, SD 2.x or SDXL model, or leave {@ip_adapter} out")
         if family in ipa.FAMILIES:
             heads = ipa.heads_for(self.folder.configs, family, self.family.denoiser_part)  # type: ignore[attr-defined]
-            ipa.use_ip_attention(self.denoiser, unit is not None, heads)  # type: ignore[attr-defined]
+            ipa.use_ip_attention(self.denoiser, len(units), heads)  # type: ignore[attr-defined]
 
     def _ip_conditioning(self, s: Settings, cond: Any, uncond: Any) -> tuple[Any, Any]:
-        """The job's conditionings with the IP-Adapter's image inputs (sdrt.pipelines.ipadapter), or as they are."""
-        unit = s.toolbox.ip_adapter
-        if unit is None:
+        """The job's conditionings with the IP-Adapters' image inputs (sdrt.pipelines.ipadapter), or as they are."""
+        units = s.toolbox.ip_adapter
+        self._ip_prepared = None
+        if not units:
             return cond, uncond
         from . import ipadapter as ipa
 
-        prep = ipa.prepare(self, unit)
-        return ipa.conditioning(prep, self.denoiser, cond, uncond)  # type: ignore[attr-defined]
+        preps = ipa.prepare(self, units)
+        self._ip_prepared = preps  # their step windows: _control's hook
+        own = getattr(self, "_hires_conds", None)  # the hires fix's own prompts: its second pass reads the images too
+        if own is not None:
+            self._hires_conds = ipa.conditioning(preps, self.denoiser, *own)  # type: ignore[attr-defined]
+        return ipa.conditioning(preps, self.denoiser, cond, uncond)  # type: ignore[attr-defined]
 
     def _unit_regions(self, s: Settings) -> None:
         """Each unit's control map is made afresh for this run (``detected``, then kept for its passes), cut to the
@@ -240,9 +247,8 @@ class ToolboxMixin:
         own = self.__dict__.pop("_taesd", None)
         if own is not None:
             own[1].close()
-        own = self.__dict__.pop("_ip_encoder", None)  # an IP-Adapter's image encoder
-        if own is not None:
-            own[1].close()
+        for part in self.__dict__.pop("_ip_encoders", {}).values():  # the IP-Adapters' image encoders
+            part.close()
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor
@@ -284,8 +290,24 @@ class ToolboxMixin:
     # ------------------------------------------------------------------ ControlNet on the model call
     def _control(self, s: Settings, call: Any, width: int, height: int,
                  second: bool | None = None) -> cn.ControlState | None:
-        """The ControlNet hook of a pass at ``width x height``; ``second``: whether it is the hires fix's second pass
+        """The ControlNet hook of a pass at ``width x height`` and the IP-Adapters' step windows (the state the loop
+        moves after each step, None when nothing reads it); ``second``: whether it is the hires fix's second pass
         (None: judged by its size), which a unit's hr_option and the hires pass's soft injection of canny read."""
+        state = self._control_nets(s, call, width, height, second)
+        preps = getattr(self, "_ip_prepared", None)
+        if preps:
+            from .ipadapter import window_hook
+
+            if state is None:
+                state = cn.ControlState()
+            gate = window_hook(preps, self.denoiser, state)  # type: ignore[attr-defined]
+            if gate is not None:
+                call.hooks.append(gate)
+        return state
+
+    def _control_nets(self, s: Settings, call: Any, width: int, height: int,
+                      second: bool | None = None) -> cn.ControlState | None:
+        """The ControlNet hook of a pass (:meth:`_control`)."""
         tb: Toolbox = s.toolbox
         units = tb.controlnets or self._silent_units
         if not units:
@@ -435,7 +457,7 @@ class ToolboxMixin:
             info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
-        if tb.ip_adapter is not None:  # an IP-Adapter unit of the extension, after the ControlNet ones
+        if tb.ip_adapter:  # the extension's IP-Adapter units, after the ControlNet ones
             from .ipadapter import infotext as ip_infotext
 
             info.update(ip_infotext(tb.ip_adapter, self.family.name, len(tb.controlnets)))  # type: ignore[attr-defined]

@@ -50,48 +50,108 @@ class IPAdapter:
     """One IP-Adapter: ``adapter`` (``ip-adapter_sd15.safetensors``, SDXL's ``ip-adapter_sdxl_vit-h.safetensors``),
     the ``image`` it reads (HxWx3 uint8, a ``PIL.Image`` or a PNG/JPEG path), its ``scale`` (diffusers'
     ``set_ip_adapter_scale``; 0 leaves the image out) and the ``image_encoder`` (h94/IP-Adapter's
-    ``models/image_encoder`` folder: a CLIP ViT-H/14, or a folder holding its ``model.onnx``; None: the
-    ``image_encoder`` folder beside the adapter, or ``models/image_encoder`` for ``sdxl_models/*vit-h*``, as in
-    h94's repository)."""
+    ``models/image_encoder`` folder: a CLIP ViT-H/14, ``sdxl_models/image_encoder``, a ViT-bigG/14, for
+    ``ip-adapter_sdxl``, or a folder holding its ``model.onnx``; None: of ``image_encoder/`` beside the adapter and
+    h94's ``models/`` and ``sdxl_models/`` ones, the one that gives what the adapter reads). ``start``..``end``: the steps it runs on (fractions of the sampling steps; outside them it adds
+    nothing), picked by ``window`` as a ControlNet's are (:class:`sdrt.pipelines.ControlNet`): ``"diffusers"`` (step
+    ``i`` of ``n`` is on unless ``i / n < start or (i + 1) / n > end``, diffusers' ``controlnet_keep``) or
+    ``"a1111"`` (sd-webui-controlnet's, for ControlNet and IP-Adapter units alike: on while ``start <= i / n <= end``).
+    ``ip_adapter=`` takes one or a list: several adapters add their attentions, summed (diffusers' ``load_ip_adapter``
+    with lists)."""
 
     adapter: Any
     image: Any
     scale: float = 1.0
     image_encoder: Any = None
+    start: float = 0.0
+    end: float = 1.0
+    window: str = "diffusers"
 
 
-def parse(value: Any) -> IPAdapter | None:
-    """``ip_adapter=IPAdapter(...)`` or ``(adapter, image[, scale[, image_encoder]])``, checked (files opened later)."""
-    if value is None:
-        return None
+#: the argument names of one adapter's fields (a single adapter: the CLI's flags; several: ``ip_adapter[j] scale``)
+_SINGLE = {"": "ip_adapter", "image": "ip_adapter_image", "scale": "ip_adapter_scale", "start": "ip_adapter_start",
+           "end": "ip_adapter_end", "image_encoder": "image_encoder"}
+
+
+def field_name(name: str, j: int, n: int) -> str:
+    """How errors name adapter ``j`` of ``n``'s field ``name`` ("" the adapter itself): ``ip_adapter_scale`` for a
+    single adapter, ``ip_adapter[1] scale`` for the second of several (the CLI says "the 2nd --ip-adapter-scale")."""
+    if n == 1:
+        return _SINGLE[name]
+    return f"ip_adapter[{j}]" + (f" {name}" if name else "")
+
+
+def _said(key: str) -> str:
+    """``key`` as a message says it: ``{@name}`` for an argument name, the list item's own words otherwise."""
+    return "{@" + key + "}" if key.isidentifier() else key
+
+
+def _is_list(value: Any) -> bool:
+    """``ip_adapter=[IPAdapter(...), ...]`` (or tuples), not one adapter's ``(adapter, image[, ...])`` tuple."""
+    return isinstance(value, (list, tuple)) and len(value) > 0 and any(
+        isinstance(v, (IPAdapter, list, tuple)) for v in value)
+
+
+def parse(value: Any) -> list[IPAdapter]:
+    """``ip_adapter=IPAdapter(...)``, ``(adapter, image[, scale[, image_encoder]])`` or a list of them, checked (files
+    opened later): the adapters, in order (empty: none)."""
+    if value is None or isinstance(value, (list, tuple)) and len(value) == 0:
+        return []
+    items = list(value) if _is_list(value) else [value]
+    return [_parse_one(item, j, len(items)) for j, item in enumerate(items)]
+
+
+def _parse_one(value: Any, j: int, n: int) -> IPAdapter:
+    def f(name: str) -> str:
+        return field_name(name, j, n)
+
     if isinstance(value, IPAdapter):
         unit = dataclasses.replace(value)
     elif isinstance(value, (tuple, list)) and 2 <= len(value) <= 4:
         unit = IPAdapter(*value)
     else:
-        raise InputError(f"{{@ip_adapter}} must be an IPAdapter(adapter, image=..., scale=..., image_encoder=...), got "
-                         f"{type(value).__name__}", where="ip_adapter",
+        raise InputError(f"{_said(f(''))} must be an IPAdapter(adapter, image=..., scale=..., image_encoder=...), got "
+                         f"{type(value).__name__}", where=f(""),
                          fix="pass ip_adapter=IPAdapter(\"ip-adapter_sd15.safetensors\", image=picture, scale=0.6, "
-                             "image_encoder=\"models/image_encoder\")")
+                             "image_encoder=\"models/image_encoder\"), or a list of them")
     if not isinstance(unit.adapter, (str, os.PathLike)):
         raise InputError(f"the IP-Adapter must be a file path, got {type(unit.adapter).__name__}",
-                         where="ip_adapter", fix="pass {@ip_adapter} the adapter's .safetensors path")
+                         where=f(""), fix=f"pass {_said(f(''))} the adapter's .safetensors path")
     if unit.image_encoder is not None and not isinstance(unit.image_encoder, (str, os.PathLike)):
         raise InputError(f"the IP-Adapter's image encoder must be a folder or file path, got "
-                         f"{type(unit.image_encoder).__name__}", where="image_encoder",
-                         fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder, or leave it out")
+                         f"{type(unit.image_encoder).__name__}", where=f("image_encoder"),
+                         fix=f"pass {_said(f('image_encoder'))} h94/IP-Adapter's models/image_encoder folder, or leave "
+                             "it out")
     s = unit.scale
     if isinstance(s, bool) or not isinstance(s, (int, float, np.floating)) or not math.isfinite(float(s)):
-        raise InputError(f"the IP-Adapter scale must be a number, got {s!r}", where="ip_adapter_scale",
-                         fix="pass {@ip_adapter_scale=}0.6 (0 leaves the image out, 1 is the adapter's full weight)")
+        raise InputError(f"the IP-Adapter scale must be a number, got {s!r}", where=f("scale"),
+                         fix=f"pass {_said(f('scale'))} a number such as 0.6 (0 leaves the image out, 1 is the "
+                             "adapter's full weight)")
     unit.scale = float(s)
+    for name in ("start", "end"):
+        v = getattr(unit, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.floating)) or not 0 <= float(v) <= 1:
+            raise InputError(f"the IP-Adapter's {name} must be a number from 0 to 1 (a fraction of the steps), got "
+                             f"{v!r:.40}", where=f(name), fix=f"pass {_said(f(name))} between 0 and 1")
+        setattr(unit, name, float(v))
+    if unit.start > unit.end:
+        raise InputError(f"the IP-Adapter starts at {unit.start:g}, after its end {unit.end:g}", where=f("start"),
+                         fix=f"pass {_said(f('start'))} at most {_said(f('end'))} (fractions of the steps, 0 to 1)")
+    if unit.window not in ("diffusers", "a1111"):
+        raise InputError(f"the IP-Adapter's window {unit.window!r:.40} is not a step window rule", where=f(""),
+                         fix="pass window='diffusers' (the default) or 'a1111'")
     if unit.image is None:
-        raise InputError("the IP-Adapter has no image", where="ip_adapter_image",
-                         fix="pass {@ip_adapter_image} (the picture the adapter reads)")
+        raise InputError("the IP-Adapter has no image", where=f("image"),
+                         fix=f"pass {_said(f('image'))} (the picture the adapter reads)")
     from .images import check_path
 
     check_path(unit.image, "IP-Adapter image")
     return unit
+
+
+def whole_window(unit: IPAdapter) -> bool:
+    """Whether the adapter runs on every step (0..1: both rules keep every step)."""
+    return unit.start <= 0.0 and unit.end >= 1.0
 
 
 def clip_pixels(rgb: np.ndarray, size: int) -> np.ndarray:
@@ -133,12 +193,17 @@ def heads_for(configs: Any, family: str, part: str) -> Any:
 
 
 class Prepared:
-    """A job's adapter: the opened file, the image tokens of the picture and of zero embeds."""
+    """A job's adapter: the opened file, the image tokens of the picture and of zero embeds; ``index``: its place
+    among the run's adapters (its UNet inputs), ``unit`` the adapter as asked (its window)."""
 
-    def __init__(self, ad: IPAdapterFile, scale: float, tokens: np.ndarray, zeros: np.ndarray) -> None:
+    def __init__(self, ad: IPAdapterFile, scale: float, tokens: np.ndarray, zeros: np.ndarray, index: int = 0,
+                 unit: IPAdapter | None = None) -> None:
         self.ad, self.scale, self.tokens, self.zeros = ad, scale, tokens, zeros
+        self.index, self.unit = index, unit
 
     def feeds(self, tokens: np.ndarray, widths: dict[int, int], dtype: Any) -> dict[str, np.ndarray]:
+        from ..checkpoint.ipattention import input_names
+
         out = {}
         for k in widths:
             if k not in self.ad.layers:
@@ -150,14 +215,16 @@ class Prepared:
                 raise ModelError(f"{self.ad.path.name}'s layer {k} is {key.shape[-1]} wide and the UNet's is "
                                  f"{widths[k]}", where=str(self.ad.path),
                                  fix="pass an IP-Adapter made for this model's architecture")
-            out[f"ip_adapter_{k}_key"] = key.astype(dtype)
-            out[f"ip_adapter_{k}_value"] = (value * np.float32(self.scale)).astype(dtype)
+            kname, vname = input_names(k, self.index)
+            out[kname] = key.astype(dtype)
+            out[vname] = (value * np.float32(self.scale)).astype(dtype)
         return out
 
 
-def use_ip_attention(part: Part, on: bool, heads: Any) -> None:
-    """The UNet part runs its graph with IP attention from now on (``on``), or as its file has it."""
-    if not on:
+def use_ip_attention(part: Part, adapters: int, heads: Any) -> None:
+    """The UNet part runs its graph with IP attention for ``adapters`` adapters from now on (0: as its file has
+    it). The count is the graph's only parameter: scales, files, pictures and windows change no compiled graph."""
+    if not adapters:
         part.edit_graph(None)
         return
     where = str(part.path)
@@ -169,9 +236,9 @@ def use_ip_attention(part: Part, on: bool, heads: Any) -> None:
 
         model = onnx.ModelProto()
         model.CopyFrom(graph.model)
-        return graph.derive(ip_attention_graph(model, heads, where))
+        return graph.derive(ip_attention_graph(model, heads, where, adapters=adapters))
 
-    part.edit_graph(edit, "ip_adapter")
+    part.edit_graph(edit, "ip_adapter" if adapters == 1 else f"ip_adapter*{adapters}")
 
 
 def ip_inputs(part: Part) -> dict[int, int]:
@@ -186,70 +253,122 @@ def ip_inputs(part: Part) -> dict[int, int]:
     return out
 
 
-def prepare(pipe: Any, unit: IPAdapter) -> Prepared:
-    """Open the adapter (for the pipeline's family) and the encoder, encode the picture: the job's tokens."""
+def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
+    """Open the adapters (for the pipeline's family) and their encoders, encode the pictures (one encoder call per
+    distinct encoder, its adapters' pictures in one batch): the job's tokens, one :class:`Prepared` per adapter."""
     from ..checkpoint.ipadapter import check_encoder, open_image_encoder, open_ip_adapter
 
     family = pipe.family.name
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
     width = text.shape[-1] if text is not None and isinstance(text.shape[-1], int) else None
-    try:  # said on the argument (--ip-adapter, a server unit's model field); the message names the file
-        ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
-    except ModelError as exc:
-        raise ModelError(exc.what, where="ip_adapter", fix=exc.fix) from exc
-    try:
-        enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None else default_encoder(ad.path))
-    except ModelError as exc:
-        raise ModelError(exc.what, where="image_encoder", fix=exc.fix) from exc
-    check_encoder(ad, enc)  # its width against the adapter's, naming the encoder to pass
-    if ad.kind != "base":  # Plus and Full Face read the hidden states
-        return prepare_plus(pipe, ad, enc, unit)
-    out = encode(pipe, enc, unit)
-    embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
-    if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
-        raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape)} and "
-                         f"{ad.path.name} reads [1, {ad.image_dim}]", where=str(enc.path),
-                         fix="pass {@image_encoder} the encoder the adapter was trained with")
-    return Prepared(ad, unit.scale, ad.project(embeds), ad.project(np.zeros_like(embeds)))
+    n = len(units)
+    opened: list[tuple[IPAdapterFile, ImageEncoder]] = []
+    for j, unit in enumerate(units):
+        try:  # said on the argument (--ip-adapter, a server unit's model field); the message names the file
+            ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
+        except ModelError as exc:
+            raise ModelError(exc.what, where=field_name("", j, n), fix=exc.fix) from exc
+        where = field_name("image_encoder", j, n)
+        try:
+            enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None
+                                     else default_encoder(ad.path, where))
+        except ModelError as exc:
+            raise ModelError(exc.what, where=where, fix=exc.fix) from exc
+        try:  # its width against the adapter's (image embeds or hidden states), naming the encoder to pass
+            check_encoder(ad, enc)
+        except ModelError as exc:
+            raise ModelError(exc.what, where=where,
+                             fix=(exc.fix or "").replace("{@image_encoder}", _said(where)) or None) from exc
+        opened.append((ad, enc))
+    groups: dict[tuple[str, str], list[int]] = {}
+    for j, (_, enc) in enumerate(opened):
+        groups.setdefault(encoder_key(enc), []).append(j)
+    preps: dict[int, Prepared] = {}
+    names = {}
+    for g, (key, js) in enumerate(groups.items()):
+        names[key] = "image_encoder" if g == 0 else f"image_encoder_{g + 1}"
+        preps.update(encode_group(pipe, opened, units, js, names[key]))
+    drop = [] if pipe._dry else [k for k in pipe.__dict__.get("_ip_encoders", {}) if k not in names]
+    for k in drop:  # an encoder no adapter of this job reads: its sessions go (one set of encoders held at a time)
+        pipe.__dict__["_ip_encoders"].pop(k).close()
+    return [preps[j] for j in range(n)]
 
 
-def prepare_plus(pipe: Any, ad: IPAdapterFile, enc: ImageEncoder, unit: IPAdapter) -> Prepared:
-    """IP-Adapter Plus (and Full Face): the Resampler (the MLP) of the encoder's penultimate hidden states, of the
-    picture and (CFG's negative pass) of a zero picture (diffusers' ``torch.zeros_like(image)`` through the encoder),
-    both in one call."""
-    out = encode(pipe, enc, unit, zeros=True)
-    hidden = out.get("penultimate_hidden_states")
-    if hidden is None:
-        raise ModelError(f"the image encoder {enc.graph.name} gives no penultimate_hidden_states, which "
-                         f"{ad.path.name} ({ad.label}) reads", where="image_encoder",
-                         fix="pass {@image_encoder} h94/IP-Adapter's models/image_encoder folder (bound onto sdrt's "
-                             "shipped graph), or an ONNX export with that output (hidden_states[-2])")
-    hidden = np.asarray(hidden, np.float32)
-    if hidden.ndim != 3 or hidden.shape[0] != 2 or hidden.shape[-1] != ad.image_dim:
-        raise ModelError(f"the image encoder gives hidden states of shape {list(hidden.shape[1:])} and "
-                         f"{ad.path.name} reads [tokens, {ad.image_dim}]", where="image_encoder",
-                         fix="pass {@image_encoder} the encoder the adapter was trained with (ViT-H/14 for "
-                             "ip-adapter-plus_sd15 and ip-adapter-plus_sdxl_vit-h: h94/IP-Adapter's models/image_encoder)")
-    tokens = ad.project(hidden)
-    return Prepared(ad, unit.scale, tokens[:1], tokens[1:])
+def reads_hidden(ad: IPAdapterFile) -> bool:
+    """Whether the adapter's projection reads the encoder's penultimate hidden states (and the negative pass a zero
+    picture's), as diffusers decides it: every projection but the base adapter's ``ImageProjection`` does."""
+    return ad.kind != "base"
 
 
-def encode(pipe: Any, enc: ImageEncoder, unit: IPAdapter, zeros: bool = False) -> dict[str, Any]:
-    """The encoder's outputs for the picture (and a zero picture after it: ``zeros``)."""
+def encoder_key(enc: ImageEncoder) -> tuple[str, str]:
+    """What makes two adapters' encoders one: the same graph with the same weights file."""
+    return (str(enc.graph), str(Path(enc.path).resolve()))
+
+
+def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder]], units: list[IPAdapter],
+                 js: list[int], name: str) -> dict[int, Prepared]:
+    """The adapters ``js`` sharing one encoder: their pictures (each distinct one once) and, when a Plus adapter
+    reads it, a zero picture after them, in one encoder call; each adapter's tokens of its rows."""
     from .images import to_rgb
 
-    rgb = to_rgb(unit.image, "IP-Adapter image", "ip_adapter_image")
+    n = len(units)
+    enc = opened[js[0]][1]
+    rows: list[np.ndarray] = []
+    row_of: dict[int, int] = {}
+    for j in js:
+        pixels = clip_pixels(to_rgb(units[j].image, "IP-Adapter image", field_name("image", j, n)), enc.image_size)
+        same = next((r for r, p in enumerate(rows) if np.array_equal(p, pixels)), None)
+        if same is None:
+            rows.append(pixels)
+            same = len(rows) - 1
+        row_of[j] = same
+    if any(reads_hidden(opened[j][0]) for j in js):  # diffusers' torch.zeros_like(image) through the encoder: the
+        # negative pass of the adapters that read hidden states
+        rows.append(np.zeros_like(rows[0]))
+    out = encode(pipe, enc, np.concatenate(rows), name)
+    got: dict[int, Prepared] = {}
+    for j in js:
+        ad, unit, where = opened[j][0], units[j], field_name("image_encoder", j, n)
+        r = row_of[j]
+        if reads_hidden(ad):
+            hidden = out.get("penultimate_hidden_states")
+            if hidden is None:
+                raise ModelError(f"the image encoder {enc.graph.name} gives no penultimate_hidden_states, which "
+                                 f"{ad.path.name} ({ad.label}) reads", where=where,
+                                 fix=f"pass {_said(where)} h94/IP-Adapter's models/image_encoder folder (bound onto "
+                                     "sdrt's shipped graph), or an ONNX export with that output (hidden_states[-2])")
+            hidden = np.asarray(hidden, np.float32)
+            if hidden.ndim != 3 or hidden.shape[0] != len(rows) or hidden.shape[-1] != ad.image_dim:
+                raise ModelError(f"the image encoder gives hidden states of shape {list(hidden.shape[1:])} and "
+                                 f"{ad.path.name} reads [tokens, {ad.image_dim}]", where=where,
+                                 fix=f"pass {_said(where)} the encoder the adapter was trained with (ViT-H/14 for "
+                                     "ip-adapter-plus_sd15 and ip-adapter-plus_sdxl_vit-h: h94/IP-Adapter's "
+                                     "models/image_encoder)")
+            tokens = ad.project(hidden[[r, len(rows) - 1]])
+            got[j] = Prepared(ad, unit.scale, tokens[:1], tokens[1:], j, unit)
+            continue
+        embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
+        if embeds.ndim != 2 or embeds.shape[-1] != ad.image_dim:
+            raise ModelError(f"the image encoder gives image embeds of shape {list(embeds.shape[1:])} and "
+                             f"{ad.path.name} reads [{ad.image_dim}]", where=str(enc.path),
+                             fix=f"pass {_said(where)} the encoder the adapter was trained with")
+        mine = embeds[r:r + 1]
+        got[j] = Prepared(ad, unit.scale, ad.project(mine), ad.project(np.zeros_like(mine)), j, unit)
+    return got
+
+
+def encode(pipe: Any, enc: ImageEncoder, pixels: np.ndarray, name: str = "image_encoder") -> dict[str, Any]:
+    """The encoder's outputs for ``pixels`` (``[rows, 3, size, size]``), run as the pipeline's part ``name``."""
     if pipe._dry:  # the plan: its call recorded on a twin among the run's parts (no session; zeros back)
         from .parts import Part
 
-        part = Part("image_encoder", Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
-        part = pipe._parts["image_encoder"] = part.dry()
+        part = Part(name, Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
+        part = pipe._parts[name] = part.dry()
     else:
-        part = encoder_part(pipe, enc)
-    pixels = clip_pixels(rgb, enc.image_size)
-    out = part.run({"pixel_values": np.concatenate([pixels, np.zeros_like(pixels)]) if zeros else pixels})
+        part = encoder_part(pipe, enc, name)
+    out = part.run({"pixel_values": pixels})
     plan = getattr(pipe, "_memory_plan", None)
-    placed = plan.placement("image_encoder") if plan is not None else None  # the budget's plan counts it
+    placed = plan.placement(name) if plan is not None else None  # the budget's plan counts it
     if pipe.is_low_memory or (placed.placement != "resident" if placed is not None else
                               plan is not None and any(p.placement != "resident" for p in plan.parts)):
         from .lowmem import release  # used once a job, as the text encoders: not held through the denoising
@@ -258,46 +377,85 @@ def encode(pipe: Any, enc: ImageEncoder, unit: IPAdapter, zeros: bool = False) -
     return out
 
 
-def default_encoder(adapter: Path) -> Path:
+def default_encoder(adapter: Path, where: str = "image_encoder") -> Path:
     """Where h94/IP-Adapter keeps the encoder of an adapter (``image_encoder/`` beside it, ``models/``'s or
     ``sdxl_models/``'s: the one that gives what it reads, :func:`sdrt.checkpoint.ipadapter.h94_encoder`);
-    InputError when none is there."""
+    InputError (on ``where``) when none is there."""
     from ..checkpoint.ipadapter import h94_encoder
 
     found = h94_encoder(Path(adapter))
     if found is not None:
         return found
     raise InputError(f"no image encoder for {adapter.name}: none given and no image_encoder folder beside it",
-                     where="image_encoder", fix="pass {@image_encoder} (h94/IP-Adapter's models/image_encoder folder, a "
-                                                "CLIP ViT-H/14, or sdxl_models/image_encoder, a ViT-bigG/14 for "
-                                                "ip-adapter_sdxl: config.json and model.safetensors)")
+                     where=where, fix=f"pass {_said(where)} (h94/IP-Adapter's models/image_encoder folder, a CLIP "
+                                      "ViT-H/14, or sdxl_models/image_encoder, a ViT-bigG/14 for ip-adapter_sdxl: "
+                                      "config.json and model.safetensors)")
 
 
-def encoder_part(pipe: Any, enc: ImageEncoder) -> Part:
-    """The image encoder as a part of the pipeline (compiled once per encoder, on the pipeline's backend)."""
+def encoder_part(pipe: Any, enc: ImageEncoder, name: str = "image_encoder") -> Part:
+    """The image encoder as a part of the pipeline (compiled once per encoder, on the pipeline's backend; the
+    encoders of the last job kept, by :func:`encoder_key`)."""
     from .parts import Part
 
-    own = pipe.__dict__.get("_ip_encoder")
-    if own is not None and own[0] == (enc.graph, enc.path):
-        return own[1]
-    if own is not None:
-        own[1].close()
-    part = Part("image_encoder", Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
+    own = pipe.__dict__.setdefault("_ip_encoders", {})
+    key = encoder_key(enc)
+    part = own.get(key)
+    if part is not None and part.name == name:
+        return part
+    if part is not None:
+        part.close()
+    part = Part(name, Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
     part.weights = enc.weights
     part.default_weights = enc.weights
-    pipe.__dict__["_ip_encoder"] = ((enc.graph, enc.path), part)
+    own[key] = part
     return part
 
 
-def conditioning(prep: Prepared, part: Part, cond: Conditioning, uncond: Conditioning | None
+def conditioning(preps: list[Prepared], part: Part, cond: Conditioning, uncond: Conditioning | None
                  ) -> tuple[Conditioning, Conditioning | None]:
-    """The conditionings with the IP inputs of the picture (positive) and of zero embeds (negative) added."""
+    """The conditionings with each adapter's IP inputs of its picture (positive) and of zero embeds (negative)."""
     widths = ip_inputs(part)
     dtype = np.dtype(next(iter(part.inputs[f"ip_adapter_{k}_key"] for k in widths)).dtype) if widths else np.float32
-    cond = dataclasses.replace(cond, extra={**cond.extra, **prep.feeds(prep.tokens, widths, dtype)})
+    pos: dict[str, np.ndarray] = {}
+    neg: dict[str, np.ndarray] = {}
+    for prep in preps:
+        pos.update(prep.feeds(prep.tokens, widths, dtype))
+        if uncond is not None:
+            neg.update(prep.feeds(prep.zeros, widths, dtype))
+    cond = dataclasses.replace(cond, extra={**cond.extra, **pos})
     if uncond is not None:
-        uncond = dataclasses.replace(uncond, extra={**uncond.extra, **prep.feeds(prep.zeros, widths, dtype)})
+        uncond = dataclasses.replace(uncond, extra={**uncond.extra, **neg})
     return cond, uncond
+
+
+def window_hook(preps: list[Prepared], part: Part, state: Any) -> Any:
+    """The denoiser hook that leaves out the adapters whose window (``start``..``end``) does not hold the step the
+    loop is on (``state``: the pipeline's :class:`sdrt.pipelines.controlnet.ControlState`): their value inputs are fed
+    zeros, so their attention adds exactly nothing (diffusers' scale 0); None when every adapter runs on every step."""
+    from ..checkpoint.ipattention import input_names
+    from .controlnet import active
+
+    gated = [p for p in preps if p.unit is not None and not whole_window(p.unit)]
+    if not gated:
+        return None
+    values = {p.index: [input_names(k, p.index)[1] for k in ip_inputs(part)] for p in gated}
+    zeros: dict[tuple[Any, ...], np.ndarray] = {}
+
+    def hook(feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        out = {}
+        for p in gated:
+            if active(p.unit, state.step, state.total):
+                continue
+            for name in values[p.index]:
+                v = feeds.get(name)
+                if v is not None:
+                    key = (v.shape, v.dtype.str)
+                    if key not in zeros:
+                        zeros[key] = np.zeros(v.shape, v.dtype)
+                    out[name] = zeros[key]
+        return out
+
+    return hook
 
 
 #: sd-webui-controlnet's module for the ViT-H/14 encoder by family (SDXL's ViT-H adapters take its "plus_vith" one)
@@ -316,13 +474,17 @@ def module_name(unit: IPAdapter, family: str) -> str:
     return MODULE_NAMES.get(family, "ip-adapter_clip_sd15")
 
 
-def infotext(unit: IPAdapter, family: str, index: int) -> dict[str, str]:
-    """The adapter as sd-webui-controlnet records an IP-Adapter unit: ``ControlNet N: "Module: ip-adapter_clip_sd15,
-    Model: ip-adapter_sd15, Weight: 0.6, ..."``, after the ControlNet units (``index``: their count)."""
+def infotext(units: IPAdapter | list[IPAdapter], family: str, index: int) -> dict[str, str]:
+    """The adapters as sd-webui-controlnet records its IP-Adapter units, one entry each: ``ControlNet N: "Module:
+    ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.6, ..., Guidance Start: 0, Guidance End: 1, ..."``,
+    numbered after the ControlNet units (``index``: their count)."""
     from .controlnet import _short
 
-    items = [("Module", module_name(unit, family)), ("Model", Path(unit.adapter).stem),
-             ("Weight", _short(unit.scale)), ("Resize Mode", "Crop and Resize"), ("Processor Res", "512"),
-             ("Guidance Start", "0"), ("Guidance End", "1"), ("Pixel Perfect", "False"),
-             ("Control Mode", "Balanced")]
-    return {f"ControlNet {index}": ", ".join(f"{a}: {b}" for a, b in items)}
+    fields = {}
+    for j, unit in enumerate(units if isinstance(units, list) else [units]):
+        items = [("Module", module_name(unit, family)), ("Model", Path(unit.adapter).stem),
+                 ("Weight", _short(unit.scale)), ("Resize Mode", "Crop and Resize"), ("Processor Res", "512"),
+                 ("Guidance Start", _short(unit.start)), ("Guidance End", _short(unit.end)),
+                 ("Pixel Perfect", "False"), ("Control Mode", "Balanced")]
+        fields[f"ControlNet {index + j}"] = ", ".join(f"{a}: {b}" for a, b in items)
+    return fields

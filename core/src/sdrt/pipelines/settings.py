@@ -387,6 +387,7 @@ _OTHER_NAMES = {
     "image_guidance_scale": "image_cfg", "image_cfg_scale": "image_cfg",
     "ip_adapter_image": "ip_adapter=IPAdapter(file, image=...)", "ip_adapter_scale": "ip_adapter=IPAdapter(file, scale=...)",
     "image_encoder": "ip_adapter=IPAdapter(file, image_encoder=...)",
+    "ip_adapter_start": "ip_adapter=IPAdapter(file, start=...)", "ip_adapter_end": "ip_adapter=IPAdapter(file, end=...)",
     "_auto_resize": "reference_resize", "reference_image": "reference_images",
     "images": "reference_images (FLUX.1 Kontext) or init_image (img2img)",
     "upscaler_for_img2img": "init_upscaler", "img2img_fix_steps": "strength_rule='a1111-fix-steps'",

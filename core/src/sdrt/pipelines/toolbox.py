@@ -50,8 +50,8 @@ class Toolbox:
     refiner_switch_by_steps: bool = False
     #: with the hires fix: the passes the refiner may take over in (A1111's hires_fix_refiner_pass)
     hires_refiner_pass: str = "second pass"
-    #: an IP-Adapter (image prompt; sdrt.pipelines.ipadapter.IPAdapter), checked, its files opened per job
-    ip_adapter: Any = None
+    #: the IP-Adapters (image prompts; sdrt.pipelines.ipadapter.IPAdapter), checked, their files opened per job
+    ip_adapter: list[Any] = field(default_factory=list)
 
     @property
     def per_image(self) -> bool:

@@ -234,10 +234,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     not_honoured += notes
     if nets:
         kwargs["controlnets"] = nets
-    ip, ip_names = controlnet.ip_adapter(body, registry, model, limits.max_width * limits.max_height * 4, init,
-                                         not_honoured)
-    if ip is not None:  # an IP-Adapter module's unit: an image prompt (sdrt.pipelines.ipadapter)
-        kwargs["ip_adapter"] = ip
+    ips, ip_names = controlnet.ip_adapters(body, registry, model, limits.max_width * limits.max_height * 4, init)
+    if ips:  # the IP-Adapter modules' units: image prompts (sdrt.pipelines.ipadapter), their attentions summed
+        kwargs["ip_adapter"] = ips
         net_names.update(ip_names)
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
     net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,

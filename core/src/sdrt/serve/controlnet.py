@@ -190,32 +190,46 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     return res, a, b
 
 
+def script(body: dict[str, Any], notes: list[str] | None = None) -> tuple[str, dict[str, Any]] | None:
+    """``(key, value)`` of the ControlNet script in the request's ``alwayson_scripts`` (None: none there), the one
+    rule :func:`units` and :func:`ip_adapters` both read it by: the key that reads "controlnet" whatever its case and
+    spaces, the last one when several do (A1111's ``init_script_args`` writes each key's args over the script's in
+    turn, so the last key's are the ones run); ``notes`` gets the other scripts named, and the earlier ControlNet keys
+    as not used. 422 when it is not an object with ``args``, a list."""
+    scripts = body.get("alwayson_scripts")
+    if scripts is None:
+        return None
+    if not isinstance(scripts, dict):
+        raise ApiError(422, "alwayson_scripts must be an object", field="alwayson_scripts")
+    keys = [str(name) for name in scripts if str(name).strip().casefold() == "controlnet"]
+    if notes is not None:
+        for name in scripts:
+            if str(name).strip().casefold() == "controlnet" or kontext.is_title(name):  # Forge Kontext: serve/kontext.py
+                continue
+            notes.append(f"alwayson_scripts.{str(name)[:60]}: this A1111 extension is not part of sdrt (ControlNet is)")
+        notes += [f"alwayson_scripts.{k[:60]}: another key names the ControlNet script after it "
+                  f"(alwayson_scripts.{keys[-1][:60]}), whose units ran, as A1111 runs the last" for k in keys[:-1]]
+    if not keys:
+        return None
+    key = keys[-1]
+    value = scripts[key]
+    if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
+        raise ApiError(422, f"alwayson_scripts.{key} must be an object with args, a list of ControlNet units",
+                       field=f"alwayson_scripts.{key}")
+    return key, value
+
+
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
           init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
     """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
     ``alwayson_scripts``; ``init_image``: img2img's init image as sent (a Pillow image), None for txt2img."""
     from ..pipelines.controlnet import ControlNet
 
-    scripts = body.get("alwayson_scripts")
-    if scripts is None:
-        return [], [], [], {}
-    if not isinstance(scripts, dict):
-        raise ApiError(422, "alwayson_scripts must be an object", field="alwayson_scripts")
     notes: list[str] = []
-    found = None
-    for name, value in scripts.items():
-        if str(name).strip().casefold() == "controlnet":
-            found = (str(name), value)
-        elif kontext.is_title(name):  # Forge's Kontext extension: serve/kontext.py
-            continue
-        else:
-            notes.append(f"alwayson_scripts.{str(name)[:60]}: this A1111 extension is not part of sdrt (ControlNet is)")
+    found = script(body, notes)
     if found is None:
         return [], notes, [], {}
     key, value = found
-    if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
-        raise ApiError(422, f"alwayson_scripts.{key} must be an object with args, a list of ControlNet units",
-                       field=f"alwayson_scripts.{key}")
     args = value.get("args") or []
     out: list[Any] = []
     ignored: list[str] = []
@@ -232,9 +246,9 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         if enabled > MAX_UNITS:
             raise ApiError(400, f"alwayson_scripts.{key} enables more than {MAX_UNITS} ControlNet units, this "
                                 "server's limit", field=f"alwayson_scripts.{key}")
-        if is_ip_module(unit.get("module")):  # an IP-Adapter unit: ip_adapter() reads it
-            continue
         ignored += [f"{where}.{str(f)[:60]}" for f in unit if f not in _QUIET]
+        if is_ip_module(unit.get("module")):  # an IP-Adapter unit: ip_adapters() reads it
+            continue
         fields[f"controlnets[{len(out)}]"] = where
         # the pipeline names a unit's thresholds "controlnets[k] low" / "high": the unit's threshold_a / threshold_b
         fields[f"controlnets[{len(out)}] low"] = f"{where}.threshold_a"
@@ -250,33 +264,41 @@ def is_ip_module(value: Any) -> bool:
     return isinstance(value, str) and value.strip().casefold() in IP_MODULES
 
 
-def ip_adapter(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int, init_image: Any,
-               notes: list[str]) -> tuple[Any, dict[str, str]]:
-    """``(sdrt IPAdapter or None, {pipeline argument: request field})`` of the request's enabled ControlNet unit with
-    an IP-Adapter module (``ip-adapter_clip_sd15`` / ``ip-adapter_clip_h`` and a ``model`` naming
-    ``ip-adapter_sd15`` or ``ip-adapter_sdxl_vit-h`` in ``ControlNet/``); its ``weight`` is the scale. The image
-    encoder is the ``image_encoder/`` folder beside the adapter (h94's layout) or the models folder's
-    ``clip_vision/`` (ComfyUI's: its ViT-H file)."""
-    from ..pipelines.ipadapter import IPAdapter
+def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int, init_image: Any
+                ) -> tuple[list[Any], dict[str, str]]:
+    """``([sdrt IPAdapter, ...], {pipeline argument: request field})``: every enabled ControlNet unit with an
+    IP-Adapter module (``ip-adapter_clip_sd15`` / ``ip-adapter_clip_h`` for ViT-H/14, ``ip-adapter_clip_g`` for
+    ViT-bigG/14, ``ip-adapter-auto``; one naming the other encoder than the adapter reads is a 400) and a ``model``
+    naming an adapter in ``ControlNet/``, e.g. ``ip-adapter_sd15``, ``ip-adapter-plus-face_sd15`` or
+    ``ip-adapter_sdxl``), in the units' order: its ``weight`` is the scale, its ``guidance_start`` /
+    ``guidance_end`` the steps it runs on, by the extension's rule (on while ``start <= i / n <= end``, as for its
+    ControlNet units). The image encoder of each is the one that gives what its adapter reads: the ``image_encoder/``
+    folder beside it (h94's layout) or in the models folder's ``clip_vision/`` (ComfyUI's files)."""
+    from ..pipelines.ipadapter import IPAdapter, field_name
 
-    scripts = body.get("alwayson_scripts")
-    if not isinstance(scripts, dict):
-        return None, {}
-    key, value = next(((str(k), v) for k, v in scripts.items() if str(k).strip().casefold() == "controlnet"),
-                      ("", None))
-    if not isinstance(value, dict) or not isinstance(value.get("args", []), list):
-        return None, {}
+    found_script = script(body)
+    if found_script is None:
+        return [], {}
+    key, value = found_script
     found = [(k, u) for k, u in enumerate(value.get("args") or []) if isinstance(u, dict)
              and is_ip_module(u.get("module"))
              and get_bool({"enabled": u.get("enabled")}, "enabled", True)]
-    if not found:
-        return None, {}
-    if len(found) > 1:
-        where = f"alwayson_scripts.{key}.args[{found[1][0]}]"
-        raise ApiError(400, f"{where}: sdrt runs one IP-Adapter unit a request, this request enables {len(found)}",
-                       field=where)
-    k, unit = found[0]
-    where = f"alwayson_scripts.{key}.args[{k}]"
+    made: list[Any] = []
+    names: dict[str, str] = {}
+    n = len(found)
+    for j, (k, unit) in enumerate(found):
+        where = f"alwayson_scripts.{key}.args[{k}]"
+        made.append(_ip_unit(unit, where, registry, model, max_pixels, init_image, IPAdapter))
+        for name, field in (("", "model"), ("image", "image"), ("scale", "weight"), ("start", "guidance_start"),
+                            ("end", "guidance_end" if unit.get("guidance_end") is not None or
+                             unit.get("guidance") is None else "guidance"), ("image_encoder", "model")):
+            names[field_name(name, j, n)] = f"{where}.{field}"
+    return made, names
+
+
+def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntry, max_pixels: int,
+             init_image: Any, make: Any) -> Any:
+    """One IP-Adapter unit of the extension: ``make(...)``, the pipeline's IPAdapter (the window: the extension's)."""
     entry = registry.controlnet(unit.get("model"), model, f"{where}.model")
     if entry.owner is not None or not entry.path.is_file():
         raise ApiError(400, f"{where}.model: {entry.name} is no IP-Adapter file (an IP-Adapter module reads one, e.g. "
@@ -297,18 +319,24 @@ def ip_adapter(body: dict[str, Any], registry: Registry, model: ModelEntry, max_
             raise ApiError(400, f"{where}.image is missing: an IP-Adapter unit needs its picture (base64)",
                            field=f"{where}.image")
         image = b64images.rgb_array(init_image)
-    try:
-        weight = get_float(unit, "weight", 1.0, 0.0, 10.0)
-    except ApiError as exc:
-        raise ApiError(exc.status, exc.message.replace("weight", f"{where}.weight", 1), field=f"{where}.weight") \
-            from None
-    for name, default in (("guidance_start", 0.0), ("guidance_end", 1.0)):
-        if unit.get(name) not in (None, default):
-            notes.append(f"{where}.{name}: an IP-Adapter unit runs on every step in sdrt; the window was not used")
+
+    def num(name: str, default: float, low: float, high: float) -> float:
+        try:
+            return get_float(unit, name, default, low, high)
+        except ApiError as exc:  # the field as the request nests it
+            raise ApiError(exc.status, exc.message.replace(name, f"{where}.{name}", 1), field=f"{where}.{name}") \
+                from None
+
+    weight = num("weight", 1.0, 0.0, 10.0)
+    start = num("guidance_start", 0.0, 0.0, 1.0)
+    end_key = "guidance_end" if unit.get("guidance_end") is not None else "guidance"
+    end = num(end_key, 1.0, 0.0, 1.0)
+    if start > end:
+        raise ApiError(400, f"{where}.guidance_start {start:g} is after {where}.{end_key} {end:g}",
+                       field=f"{where}.guidance_start")
     encoder = _image_encoder(entry.path, registry, f"{where}.model")
-    made = IPAdapter(str(entry.path), image=image, scale=weight, image_encoder=str(encoder))
-    return made, {"ip_adapter": f"{where}.model", "ip_adapter_image": f"{where}.image",
-                  "ip_adapter_scale": f"{where}.weight", "image_encoder": f"{where}.model"}
+    return make(str(entry.path), image=image, scale=weight, image_encoder=str(encoder), start=start, end=end,
+                window="a1111")  # sd-webui-controlnet's step window: start <= i / n <= end, as its ControlNet units'
 
 
 def _same_encoder(module: Any, adapter: Any, field: str) -> None:
@@ -476,5 +504,5 @@ def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
     return ApiError(400, f"{field}: {what}" + (f"; {fix}" if fix else ""), field=field)
 
 
-__all__ = ["API_VERSION", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapter", "module_detail", "module_list",
-           "units"]
+__all__ = ["API_VERSION", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapters", "module_detail",
+           "module_list", "script", "units"]
