@@ -1,0 +1,103 @@
+"""DWPose (dw_openpose_full) against sd-webui-controlnet's / controlnet_aux's own code run with OpenCV and
+onnxruntime (scripts/gen_dwpose_refs.py -> tests/data/control/dwpose_refs.npz), on stand-in ONNX files with the
+real files' signatures (tests/pipelines/dwpose_graphs.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dwpose_graphs  # noqa: E402
+from pipeline_helpers import register  # noqa: E402
+
+from sdrt.errors import InputError  # noqa: E402
+from sdrt.pipelines import posedetect, posemaps, preprocessors  # noqa: E402
+
+REFS = Path(__file__).parents[1] / "data" / "control" / "dwpose_refs.npz"
+CASES = ["stripes_256", "stripes_160", "checks_192"]
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return np.load(REFS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dwpose")
+    dwpose_graphs.write(folder)
+    return folder
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_dwpose_maps_equal_the_extension(refs, models, backend):
+    register(backend)
+    with posedetect.DWPose(models / "yolox_l.onnx", models / "dw-ll_ucoco_384.onnx", backend=backend) as dw:
+        for key in CASES:
+            inp = refs[f"input/{key}"]
+            ref = refs[f"map/ort/{key}"]
+            assert (ref == refs[f"map/cv2/{key}"]).all()  # the extension's cv2.dnn path drew the same map
+            boxes = dw.detect(inp)
+            np.testing.assert_allclose(boxes, refs[f"boxes/ort/{key}"], atol=1e-3)
+            info = dw(inp)
+            assert info.shape == refs[f"keypoints/ort/{key}"].shape
+            got = posemaps.draw(posemaps.people_from_keypoints(info), *inp.shape[:2])[:ref.shape[0], :ref.shape[1]]
+            assert (got != ref).any(2).sum() == 0, key
+
+
+def test_dw_openpose_full_from_the_raw_image(refs, models):
+    """The whole chain: sdrt's own processor resize (bicubic / area, edges to 64), DWPose, the map cropped back."""
+    register("reference")
+    for key in CASES:
+        name, res = key.rsplit("_", 1)
+        ref = refs[f"map/ort/{key}"]
+        got = preprocessors.preprocess(refs[f"image/{name}"], "dw_openpose_full", resolution=int(res),
+                                       models=models, backend="reference")
+        assert got.shape == ref.shape
+        assert (got != ref).any(2).sum() == 0, key
+
+
+def test_render_json_equals_the_extension(refs):
+    pose = json.loads(bytes(refs["json/render"]).decode())
+    people, h, w = posemaps.from_json(pose)
+    got = posemaps.draw(people, h, w)
+    assert (got == refs["map/render"]).all()
+
+
+def test_json_round_trip(refs, models):
+    register("reference")
+    with posedetect.DWPose(models / "yolox_l.onnx", models / "dw-ll_ucoco_384.onnx", backend="reference") as dw:
+        inp = refs["input/stripes_256"]
+        people = posemaps.people_from_keypoints(dw(inp))
+    doc = json.loads(json.dumps(posemaps.to_json(people, *inp.shape[:2])))
+    back, h, w = posemaps.from_json(doc)
+    assert (posemaps.draw(back, h, w) == posemaps.draw(people, h, w)).all()
+    assert len(doc["people"]) == 2 and doc["people"][0]["hand_right_keypoints_2d"] is None
+
+
+def test_missing_files_one_line(tmp_path):
+    with pytest.raises(InputError) as e:
+        posedetect.find_files(tmp_path, what="--control-pose-models")
+    msg = str(e.value)
+    assert "yolox_l.onnx" in msg and str(tmp_path) in msg and "\n" not in msg
+    with pytest.raises(InputError, match="needs DWPose"):
+        preprocessors.preprocess(np.zeros((64, 64, 3), np.uint8), "dw_openpose_full")
+
+
+def test_layouts_found(tmp_path):
+    sub = tmp_path / "extensions/sd-webui-controlnet/annotator/downloads/openpose"
+    dwpose_graphs.write(sub)
+    det, pose = posedetect.find_files(tmp_path)
+    assert det.parent == sub and pose.name == "dw-ll_ucoco_384.onnx"
+
+
+def test_unit_needs_pose_models():
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    with pytest.raises(InputError, match="pose_models"):
+        parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full")])
