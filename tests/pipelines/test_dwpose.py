@@ -101,3 +101,39 @@ def test_unit_needs_pose_models():
 
     with pytest.raises(InputError, match="pose_models"):
         parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full")])
+
+
+def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with dw_openpose_full gives the image of a unit fed the extension's map by hand; the CLI's
+    --control-pose-models runs it and writes the module in the infotext; without the files, one line."""
+    from PIL import Image
+    from pipeline_helpers import DATA, fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image, ref = refs["image/stripes"], refs["map/ort/stripes_256"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="dw_openpose_full", processor_res=256, pose_models=models,
+                          pose_backend=backend)
+        gen = pipe.generate("a dancer", controlnets=[unit], **kw)
+        by_hand = pipe("a dancer", controlnets=[("controlnet", ref)], **kw)[0]
+        photo = pipe("a dancer", controlnets=[("controlnet", image)], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand) and not np.array_equal(by_hand, photo)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: dw_openpose_full, Model: controlnet")
+    png, out = tmp_path / "dancers.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), "a dancer", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "dw_openpose_full"]
+    assert main([*args, "--control-pose-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: dw_openpose_full, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-pose-models" in err, err
+    assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no yolox_l.onnx and dw-ll_ucoco_384.onnx in {tmp_path}" in err, err

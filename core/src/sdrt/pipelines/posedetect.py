@@ -64,7 +64,7 @@ def find_files(where: str | Path | Sequence[str | Path], *, what: str = "dwpose"
         base = Path(where)
         if base.is_file():
             raise InputError(f"{what}: {base} is one file; DWPose needs {DET_FILE} and {POSE_FILE}", where=what,
-                             fix=f"pass the folder that holds both, or the two files")
+                             fix="pass the folder that holds both, or the two files")
         looked = [base] + [base / sub for sub in LAYOUTS]
         for folder in looked:
             det, pose = folder / DET_FILE, folder / POSE_FILE
