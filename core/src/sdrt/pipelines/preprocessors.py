@@ -40,7 +40,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "SPECS", "WITH_MODELS", "dwpose", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "SPECS", "WITH_MODELS", "dwpose", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -170,10 +170,17 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
 
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
+    return pose_detect(rgb, detector)[0]
+
+
+def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(map, OpenPose JSON)`` of an image (the one the detector reads: at a resolution, already padded): the
+    extension's ``dw_openpose_full`` map and the JSON its ``json_pose_callback`` receives (pixels of that image)."""
     from . import posemaps
 
     people = posemaps.people_from_keypoints(detector(rgb))
-    return posemaps.draw(people, rgb.shape[0], rgb.shape[1])
+    h, w = rgb.shape[:2]
+    return posemaps.draw(people, h, w), posemaps.to_json(people, h, w)
 
 
 def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float | None = None,
