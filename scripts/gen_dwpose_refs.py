@@ -158,6 +158,34 @@ def main() -> None:
         canvas = util.draw_handpose(canvas, lh)
         canvas = util.draw_handpose(canvas, rh)
         canvas = util.draw_facepose(canvas, f)
+    # OpenCV's primitives alone, where the maps above may not reach: ellipses of every angle and long axes (the
+    # sine table's 7 digits show), their fill with edges going left and right, thick lines, circles at the border
+    rng = np.random.default_rng(11)
+    n = 240
+    cases = np.stack([rng.integers(-8, 56, n), rng.integers(-8, 56, n), rng.integers(0, 40, n),
+                      rng.integers(1, 6, n), rng.integers(-360, 361, n)], 1)
+    polys, fills = [], np.zeros((n, 48, 48), np.uint8)
+    for k, (cx, cy, ax, bx, ang) in enumerate(cases):
+        poly = cv2.ellipse2Poly((int(cx), int(cy)), (int(ax), int(bx)), int(ang), 0, 360, 1)
+        polys.append(poly)
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cv2.fillConvexPoly(canvas, poly, [200, 100, 50])
+        fills[k] = canvas[..., 0]
+    data["draw/ellipse_cases"] = cases
+    data["draw/ellipse_counts"] = np.array([len(p) for p in polys])
+    data["draw/ellipse_points"] = np.concatenate(polys)
+    data["draw/ellipse_fills"] = fills
+    big = [cv2.ellipse2Poly((0, 0), (100000, 70000), a, 0, 360, 1) for a in (0, 17, 45, 133)]
+    data["draw/big_ellipses"] = np.stack(big)
+    lines = np.concatenate([rng.integers(0, 48, (n, 4)), rng.integers(1, 4, (n, 1))], 1)
+    strokes = np.zeros((n, 48, 48), np.uint8)
+    for k, (x1, y1, x2, y2, t) in enumerate(lines):
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cv2.line(canvas, (int(x1), int(y1)), (int(x2), int(y2)), np.array([255.0, 0, 0]), thickness=int(t))
+        cv2.circle(canvas, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0), thickness=-1)
+        strokes[k] = canvas[..., 0]
+    data["draw/line_cases"] = lines
+    data["draw/lines"] = strokes
     data["json/render"] = np.frombuffer(json.dumps(pose_json).encode(), np.uint8)
     data["map/render"] = canvas
     data["meta"] = np.frombuffer(json.dumps(meta).encode(), np.uint8)

@@ -137,3 +137,24 @@ def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, mode
     assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no yolox_l.onnx and dw-ll_ucoco_384.onnx in {tmp_path}" in err, err
+
+
+def test_opencv_primitives_pixel_for_pixel(refs):
+    """cv2.ellipse2Poly, fillConvexPoly, a thick cv2.line and a filled cv2.circle at the border, by OpenCV 5.0."""
+    from sdrt.pipelines import cvdraw
+
+    cases, counts, pts = refs["draw/ellipse_cases"], refs["draw/ellipse_counts"], refs["draw/ellipse_points"]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k, (cx, cy, ax, bx, ang) in enumerate(cases):
+        poly = cvdraw.ellipse2poly((int(cx), int(cy)), (int(ax), int(bx)), int(ang), 0, 360, 1)
+        assert np.array_equal(np.array(poly), pts[starts[k]:starts[k + 1]]), k
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cvdraw.fill_convex_poly(canvas, poly, [200, 100, 50])
+        assert np.array_equal(canvas[..., 0], refs["draw/ellipse_fills"][k]), k
+    for got, a in zip(refs["draw/big_ellipses"], (0, 17, 45, 133)):
+        assert np.array_equal(np.array(cvdraw.ellipse2poly((0, 0), (100000, 70000), a, 0, 360, 1)), got), a
+    for k, (x1, y1, x2, y2, t) in enumerate(refs["draw/line_cases"]):
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cvdraw.line(canvas, (int(x1), int(y1)), (int(x2), int(y2)), (255.0, 0, 0), int(t))
+        cvdraw.circle(canvas, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0))
+        assert np.array_equal(canvas[..., 0], refs["draw/lines"][k]), k
