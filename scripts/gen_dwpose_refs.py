@@ -168,9 +168,9 @@ def main() -> None:
     for k, (cx, cy, ax, bx, ang) in enumerate(cases):
         poly = cv2.ellipse2Poly((int(cx), int(cy)), (int(ax), int(bx)), int(ang), 0, 360, 1)
         polys.append(poly)
-        canvas = np.zeros((48, 48, 3), np.uint8)
-        cv2.fillConvexPoly(canvas, poly, [200, 100, 50])
-        fills[k] = canvas[..., 0]
+        tile = np.zeros((48, 48, 3), np.uint8)
+        cv2.fillConvexPoly(tile, poly, [200, 100, 50])
+        fills[k] = tile[..., 0]
     data["draw/ellipse_cases"] = cases
     data["draw/ellipse_counts"] = np.array([len(p) for p in polys])
     data["draw/ellipse_points"] = np.concatenate(polys)
@@ -180,10 +180,10 @@ def main() -> None:
     lines = np.concatenate([rng.integers(0, 48, (n, 4)), rng.integers(1, 4, (n, 1))], 1)
     strokes = np.zeros((n, 48, 48), np.uint8)
     for k, (x1, y1, x2, y2, t) in enumerate(lines):
-        canvas = np.zeros((48, 48, 3), np.uint8)
-        cv2.line(canvas, (int(x1), int(y1)), (int(x2), int(y2)), np.array([255.0, 0, 0]), thickness=int(t))
-        cv2.circle(canvas, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0), thickness=-1)
-        strokes[k] = canvas[..., 0]
+        tile = np.zeros((48, 48, 3), np.uint8)
+        cv2.line(tile, (int(x1), int(y1)), (int(x2), int(y2)), np.array([255.0, 0, 0]), thickness=int(t))
+        cv2.circle(tile, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0), thickness=-1)
+        strokes[k] = tile[..., 0]
     data["draw/line_cases"] = lines
     data["draw/lines"] = strokes
     data["json/render"] = np.frombuffer(json.dumps(pose_json).encode(), np.uint8)
