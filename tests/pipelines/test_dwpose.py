@@ -158,3 +158,13 @@ def test_opencv_primitives_pixel_for_pixel(refs):
         cvdraw.line(canvas, (int(x1), int(y1)), (int(x2), int(y2)), (255.0, 0, 0), int(t))
         cvdraw.circle(canvas, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0))
         assert np.array_equal(canvas[..., 0], refs["draw/lines"][k]), k
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4)])
+def test_tiny_and_odd_images_make_a_map(models, shape):
+    register("reference")
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    made = preprocessors.preprocess(img, "dw_openpose_full", models=models, backend="reference")
+    assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "dw_openpose_full", models=models, backend="reference")

@@ -217,7 +217,7 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
 
         rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
     elif name == "dw_openpose_full":
-        rgb = pose_map(rgb, dwpose(models, backend, device, where))
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.posedetect"), dwpose(models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 
