@@ -177,7 +177,7 @@ def main() -> None:
     data["draw/ellipse_fills"] = fills
     big = [cv2.ellipse2Poly((0, 0), (100000, 70000), a, 0, 360, 1) for a in (0, 17, 45, 133)]
     data["draw/big_ellipses"] = np.stack(big)
-    lines = np.concatenate([rng.integers(0, 48, (n, 4)), rng.integers(1, 4, (n, 1))], 1)
+    lines = np.concatenate([rng.integers(-30, 78, (n, 4)), rng.integers(1, 4, (n, 1))], 1)  # ends outside too
     strokes = np.zeros((n, 48, 48), np.uint8)
     for k, (x1, y1, x2, y2, t) in enumerate(lines):
         tile = np.zeros((48, 48, 3), np.uint8)

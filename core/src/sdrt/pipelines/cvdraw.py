@@ -10,7 +10,8 @@ pixel for pixel:
   two edges in 16.16 fixed point (``shift`` 0, or 16 for the thick line's quadrilateral);
 - ``circle(img, center, radius, color)``: a filled ``cv2.circle`` (the midpoint algorithm's spans);
 - ``line(img, p1, p2, color, thickness)``: ``cv2.line``, 8-connected; a thickness above 1 is OpenCV's thick line
-  (a quadrilateral plus a round cap of radius ``thickness / 2`` at each end).
+  (the segment clipped to the image grown by the thickness, as OpenCV 5 does, then a quadrilateral plus a round cap
+  of radius ``thickness / 2`` at each end).
 
 Colours are given as OpenCV receives them (a sequence of numbers, rounded to uint8 as ``saturate_cast`` does).
 """
@@ -318,11 +319,18 @@ def line(img: np.ndarray, p1: tuple[int, int], p2: tuple[int, int], color: Seque
          thickness: int = 1) -> np.ndarray:
     """``cv2.line(img, p1, p2, color, thickness)`` (8-connected, shift 0), in place."""
     c = _color(img, color)
-    x0, y0 = int(p1[0]) << XY_SHIFT, int(p1[1]) << XY_SHIFT
-    x1, y1 = int(p2[0]) << XY_SHIFT, int(p2[1]) << XY_SHIFT
     if thickness <= 1:
         _line8(img, (int(p1[0]), int(p1[1])), (int(p2[0]), int(p2[1])), c)
         return img
+    # OpenCV 5 first clips a thick line to the image grown by its thickness on every side
+    h, w = img.shape[:2]
+    m = int(thickness)
+    ok, ax, ay, bx, by = _clip_line(w + 2 * m, h + 2 * m, int(p1[0]) + m, int(p1[1]) + m, int(p2[0]) + m,
+                                    int(p2[1]) + m)
+    if not ok:
+        return img
+    x0, y0 = (ax - m) << XY_SHIFT, (ay - m) << XY_SHIFT
+    x1, y1 = (bx - m) << XY_SHIFT, (by - m) << XY_SHIFT
     fdx, fdy = (x0 - x1) / XY_ONE, (y1 - y0) / XY_ONE
     r = fdx * fdx + fdy * fdy
     odd = thickness & 1
