@@ -117,9 +117,13 @@ def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, mode
     kw = dict(steps=2, sampler="Euler", seed=5)
     backend = fast_backend()
     with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as pipe:
-        unit = ControlNet("controlnet", image, preprocessor="dw_openpose_full", processor_res=256, pose_models=models,
-                          pose_backend=backend)
+        unit = ControlNet("controlnet", image, preprocessor="dw_openpose_full", processor_res=256, pose_models=models)
+        for old in preprocessors._DWPOSE.values():
+            old.close()
+        preprocessors._DWPOSE.clear()
         gen = pipe.generate("a dancer", controlnets=[unit], **kw)
+        # no pose_backend: DWPose's graphs compiled on the pipeline's backend, not on "auto"'s choice
+        assert [key[2] for key in preprocessors._DWPOSE] == [pipe.backend], list(preprocessors._DWPOSE)
         by_hand = pipe("a dancer", controlnets=[("controlnet", ref)], **kw)[0]
         photo = pipe("a dancer", controlnets=[("controlnet", image)], **kw)[0]
     assert np.array_equal(gen.images[0], by_hand) and not np.array_equal(by_hand, photo)

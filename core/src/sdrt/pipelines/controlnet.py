@@ -132,9 +132,11 @@ class ControlNet:
     hr_option: Any = "Both"
     #: a preprocessor's model files (``dw_openpose_full``: the folder holding DWPose's ``yolox_l.onnx`` and
     #: ``dw-ll_ucoco_384.onnx``, the extension's ``annotator/downloads/openpose`` or ComfyUI's ``ckpts/yzd-v/DWPose``
-    #: layout under it, or the two files); compiled on ``pose_backend`` ("auto": the best here)
+    #: layout under it, or the two files); compiled on ``pose_backend`` (None: the pipeline's backend and device;
+    #: "auto": the best here)
     pose_models: Any = None
-    pose_backend: str = "auto"
+    pose_backend: str | None = None
+    pose_device: Any = field(default=None, repr=False)  #: filled in by the pipeline with its device
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -384,7 +386,8 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
     try:
         if unit.preprocessor in WITH_MODELS:
             return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed, models=unit.pose_models,
-                               backend=unit.pose_backend, where=f"{where} pose_models")
+                               backend=unit.pose_backend or "auto", device=unit.pose_device,
+                               where=f"{where} pose_models")
         return preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
     except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
         threshold = getattr(exc, "threshold", None)

@@ -43,6 +43,9 @@ class ToolboxMixin:
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
         cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
+        for unit in tb.controlnets:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
+            if unit.pose_backend is None:
+                unit.pose_backend, unit.pose_device = self.backend, self.device  # type: ignore[attr-defined]
         self._unit_regions(s)
         from .singlefile import denoiser_graph
 
