@@ -260,3 +260,22 @@ def test_the_hires_fix_with_its_own_prompt_keeps_the_adapters(tiny_encoder_graph
         got = pipe.generate("a red cat", "blurry", ip_adapter=ips, **hires).images[0]
         plain = pipe.generate("a red cat", "blurry", **hires).images[0]
     assert got.shape == (96, 96, 3) and np.abs(got.astype(int) - plain.astype(int)).max() > 20
+
+
+def test_a_refused_adapter_or_encoder_of_several_is_named_in_the_fix_too(tiny_encoder_graph, tmp_path):  # noqa: F811
+    """The second of two adapters made for another model, or given an encoder that is none: the message's "what to
+    do" names that adapter's own argument (``ip_adapter[1]``, which the CLI and serve say in their words), not the
+    single adapter's ``ip_adapter`` / ``image_encoder``; until 2026-12-01 serve answered "pass ip_adapter ..."."""
+    from sdrt.errors import ModelError
+
+    good = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=IPA / "image_encoder")
+    xl = IPAdapter(IPA / "ip-adapter_tiny_sdxl.safetensors", image=REFS["ip_image"], image_encoder=IPA / "image_encoder")
+    (tmp_path / "empty").mkdir()
+    no_encoder = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=tmp_path / "empty")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        for second, where in ((xl, "ip_adapter[1]"), (no_encoder, "ip_adapter[1] image_encoder")):
+            with pytest.raises(ModelError) as info:
+                pipe.generate("a cat", ip_adapter=[good, second], steps=1, width=64, height=64)
+            assert info.value.where == where
+            assert f"pass {where} " in info.value.fix, info.value.fix
+            assert "{@" not in info.value.fix, info.value.fix

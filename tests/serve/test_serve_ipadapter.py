@@ -197,6 +197,18 @@ def test_bad_ip_adapter_units(server, unit, field, words) -> None:
     assert "\n" not in body["message"]
 
 
+def test_a_bad_second_ip_unit_is_named_in_the_requests_words(server) -> None:
+    """Two IP units, the second's adapter made for SDXL: the answer names that unit's model field, in the message's
+    "what to do" too; until 2026-12-01 it said "pass ip_adapter an IP-Adapter made for the model"."""
+    units = [_unit(), _unit(model="ip-adapter_sdxl_vit-h")]
+    r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": units}}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == "alwayson_scripts.controlnet.args[1].model", body
+    assert "pass alwayson_scripts.controlnet.args[1].model an IP-Adapter made for" in body["message"], body
+    assert "ip_adapter" not in body["message"].replace("ip-adapter", ""), body
+
+
 def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_vision(tmp_path) -> None:
     from types import SimpleNamespace
 
