@@ -187,3 +187,23 @@ def test_the_automatic_choice_counts_the_extra_parts(monkeypatch):
         assert not pipe.control_parts["controlnet"].sessions and not pipe.control_parts["controlnet_2"].sessions
         plan = pipe.plan("a fox", controlnets=nets("controlnet", "controlnet_2"), **KW).memory
         assert all(p.placement == "released" for p in plan.parts), plan.format()
+
+
+@pytest.mark.parametrize("low_memory", [True, False])
+def test_a_model_upscaler_written_anew_at_its_path_is_read_anew(tmp_path, low_memory):
+    """The next job names the same upscaler path, whose file was written over with another model in between: it
+    upscales with the new file, as a fresh pipeline does (and as a ControlNet file written anew is read anew).
+    Until 2026-12-01 the pipeline kept the first file's upscaler by path; released after its upscale, it then
+    rebuilt its weights from the first file's header over the new file's bytes."""
+    path = tmp_path / "up.safetensors"
+    shutil.copy(DATA / "upscalers" / "compact_x2.safetensors", path)
+    kw = dict(hires_upscaler=str(path), **HR, **{**KW, "width": 32, "height": 32})
+    folder = DATA / "pipelines" / "tiny-sdxl-dyn"
+    with pipelines.load(folder, backend="reference", low_memory=low_memory) as pipe:
+        first = pipe.generate("a cat", **kw).images[0]
+        shutil.copy(DATA / "upscalers" / "rrdb_x2_new.safetensors", path)  # written over in place
+        second = pipe.generate("a cat", **kw).images[0]
+    with pipelines.load(folder, backend="reference", low_memory=low_memory) as pipe:
+        want = pipe.generate("a cat", **kw).images[0]
+    assert np.abs(first.astype(int) - want.astype(int)).max() > 0  # the two upscalers differ
+    assert np.array_equal(second, want)
