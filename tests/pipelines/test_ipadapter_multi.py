@@ -279,3 +279,29 @@ def test_a_refused_adapter_or_encoder_of_several_is_named_in_the_fix_too(tiny_en
             assert info.value.where == where
             assert f"pass {where} " in info.value.fix, info.value.fix
             assert "{@" not in info.value.fix, info.value.fix
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_an_image_encoder_written_anew_at_its_path_is_read_anew(tiny_encoder_graph, tmp_path, low_memory):  # noqa: F811
+    """The next job names the same encoder folder, whose model.safetensors was written over with other weights in
+    between: the adapter reads the new encoder's embeds, as a fresh pipeline does. Until 2026-12-01 the pipeline
+    kept the encoder part by its graph and folder, with the first file's weights (released in low-memory mode, it
+    then read the first header over the new file's bytes)."""
+    from sdrt.weights import Weights
+
+    enc = tmp_path / "image_encoder"
+    shutil.copytree(IPA / "image_encoder", enc)
+    w = Weights.open(IPA / "image_encoder" / "model.safetensors")
+    other = {k: np.asarray(w.get_array(k)) for k in w.shapes()}
+    other["visual_projection.weight"] = other["visual_projection.weight"][::-1].copy()  # other embeds, same shapes
+    ip = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], scale=1.0, image_encoder=enc)
+    kw = dict(steps=2, sampler="Euler", seed=5, width=64, height=64)
+    with pipelines.load(FOLDER, backend="reference", low_memory=low_memory) as pipe:
+        first = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+        Weights.from_arrays(other).save(tmp_path / "new.safetensors")
+        shutil.copy(tmp_path / "new.safetensors", enc / "model.safetensors")  # written over in place
+        second = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+    with pipelines.load(FOLDER, backend="reference", low_memory=low_memory) as pipe:
+        want = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+    assert np.abs(first.astype(int) - want.astype(int)).max() > 0  # the two encoders differ
+    assert np.array_equal(second, want)

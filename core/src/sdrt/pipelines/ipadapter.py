@@ -286,7 +286,7 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
         except ModelError as exc:
             raise ModelError(exc.what, where=where, fix=_own_words(exc.fix, "image_encoder", where)) from exc
         opened.append((ad, enc))
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
     for j, (_, enc) in enumerate(opened):
         groups.setdefault(encoder_key(enc), []).append(j)
     preps: dict[int, Prepared] = {}
@@ -306,9 +306,13 @@ def reads_hidden(ad: IPAdapterFile) -> bool:
     return ad.kind != "base"
 
 
-def encoder_key(enc: ImageEncoder) -> tuple[str, str]:
-    """What makes two adapters' encoders one: the same graph with the same weights file."""
-    return (str(enc.graph), str(Path(enc.path).resolve()))
+def encoder_key(enc: ImageEncoder) -> tuple[Any, ...]:
+    """What makes two adapters' encoders one: the same graph with the same weights file, of the same version (one
+    written anew at its path since the last job is another encoder: its part is made again)."""
+    from ..stamps import file_stamp
+
+    sources = enc.weights.sources if enc.weights is not None else []
+    return (str(enc.graph), str(Path(enc.path).resolve()), file_stamp(sources[0] if sources else enc.graph))
 
 
 def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder]], units: list[IPAdapter],
