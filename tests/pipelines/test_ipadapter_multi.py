@@ -305,3 +305,16 @@ def test_an_image_encoder_written_anew_at_its_path_is_read_anew(tiny_encoder_gra
         want = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
     assert np.abs(first.astype(int) - want.astype(int)).max() > 0  # the two encoders differ
     assert np.array_equal(second, want)
+
+
+def test_generate_help_says_the_picture_flag_is_one_per_adapter(capsys):
+    """The help's IP-Adapter group says what the count check does: --ip-adapter-image once per adapter (given once
+    for two adapters it is refused), the other flags once or once per adapter. Until 2026-12-01 it said a flag given
+    once was every adapter's, which --ip-adapter-image is not."""
+    from sdrt.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one --ip-adapter-image per adapter" in text, text
+    assert "a flag given once is every adapter's" not in text

@@ -67,7 +67,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
     i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL); each flag repeats, paired in order "
-                             "with --ip-adapter (a flag given once is every adapter's)")
+                             "with --ip-adapter: one --ip-adapter-image per adapter, the others once for every adapter or once "
+                             "per adapter")
     i.add_argument("--ip-adapter", action="append", default=[], metavar="FILE",
                    help="an adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
                         "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus, Full Face and ViT-bigG/14 ones "
