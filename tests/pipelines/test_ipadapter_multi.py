@@ -199,6 +199,11 @@ def test_generate_cli_takes_several_adapters_and_windows(tiny_encoder_graph, tmp
     (["--ip-adapter", "A", "--ip-adapter", "A", "--ip-adapter-image", "PICTURE", "--ip-adapter-image", "PICTURE",
       "--ip-adapter-end", "1", "--ip-adapter-end", "2"], "the 2nd --ip-adapter-end"),
     (["--ip-adapter-end", "0.5"], "--ip-adapter-end without --ip-adapter"),
+    # flags given once are every adapter's: the error says so, not "the 1st --ip-adapter-start" (none was given so;
+    # until 2026-12-01 it did)
+    (["--ip-adapter", "A", "--ip-adapter", "A", "--ip-adapter-image", "PICTURE", "--ip-adapter-image", "PICTURE",
+      "--ip-adapter-start", "0.7", "--ip-adapter-end", "0.2"],
+     "Where: --ip-adapter-start (given once: every adapter's)"),
 ])
 def test_generate_cli_ip_adapter_counts_are_checked_in_flags(tiny_encoder_graph, tmp_path, capsys, flags,  # noqa: F811
                                                             words):

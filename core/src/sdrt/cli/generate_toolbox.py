@@ -187,7 +187,9 @@ def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
     opts["ip_adapter"] = units[0] if n == 1 else units
     if n > 1:  # the pipeline names adapter j's fields ip_adapter[j] ...: errors say which flag, and which one
         names = {field_name("", j, n): f"the {_ordinal(j + 1)} --ip-adapter" for j in range(n)}
-        names.update({field_name(name, j, n): f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
+        # a flag given once is every adapter's: said so, not as "the 2nd --image-encoder" the caller never gave
+        names.update({field_name(name, j, n): f"--{key.replace('_', '-')} (given once: every adapter's)"
+                      if len(getattr(args, key)) == 1 else f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
                       for j in range(n) for name, key in _IP_FLAGS})
         args._names = {**getattr(args, "_names", {}), **names}
 
