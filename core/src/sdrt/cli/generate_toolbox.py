@@ -72,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
     i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL); each flag repeats, paired in order "
-                             "with --ip-adapter (a flag given once is every adapter's)")
+                             "with --ip-adapter: one --ip-adapter-image per adapter, the others once for every adapter or once "
+                             "per adapter")
     i.add_argument("--ip-adapter", action="append", default=[], metavar="FILE",
                    help="an adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
                         "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus, Full Face and ViT-bigG/14 ones "
@@ -191,7 +192,9 @@ def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
     opts["ip_adapter"] = units[0] if n == 1 else units
     if n > 1:  # the pipeline names adapter j's fields ip_adapter[j] ...: errors say which flag, and which one
         names = {field_name("", j, n): f"the {_ordinal(j + 1)} --ip-adapter" for j in range(n)}
-        names.update({field_name(name, j, n): f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
+        # a flag given once is every adapter's: said so, not as "the 2nd --image-encoder" the caller never gave
+        names.update({field_name(name, j, n): f"--{key.replace('_', '-')} (given once: every adapter's)"
+                      if len(getattr(args, key)) == 1 else f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
                       for j in range(n) for name, key in _IP_FLAGS})
         args._names = {**getattr(args, "_names", {}), **names}
 

@@ -295,6 +295,8 @@ def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max
                             ("end", "guidance_end" if unit.get("guidance_end") is not None or
                              unit.get("guidance") is None else "guidance"), ("image_encoder", "model")):
             names[field_name(name, j, n)] = f"{where}.{field}"
+    if n > 1:  # the adapters as a whole (the pipeline's "leave ip_adapter out"): the first unit's model, as for one
+        names.setdefault("ip_adapter", names[field_name("", 0, n)])
     return made, names
 
 
