@@ -102,6 +102,18 @@ def test_a_net_left_out_of_the_hires_pass_is_released_before_it():
     assert after == {"controlnet:canny": False, "controlnet:canny2": False}
 
 
+def test_closing_the_pipeline_closes_its_model_upscaler():
+    """close() frees the hires fix's model upscaler kept for the next job, as it frees the ControlNets (it stayed
+    loaded, sessions and float32 weights, until 2026-12-01)."""
+    path = DATA / "upscalers" / "compact_x2.safetensors"
+    pipe = pipelines.load(DATA / "pipelines" / "tiny-sdxl-dyn", backend="reference")
+    pipe.generate("a cat", hires_upscaler=str(path), **HR, **{**KW, "width": 32, "height": 32})
+    ups = list(pipe.__dict__["_upscalers"].values())
+    assert ups and all(u.loaded for u in ups)
+    pipe.close()
+    assert not any(u.loaded for u in ups) and not pipe.__dict__.get("_upscalers")
+
+
 def test_the_model_upscaler_is_released_after_the_upscale():
     """Low-memory mode: the hires fix's model upscaler holds no session and no float32 weights once it has upscaled
     (the hires pass's steps already run without it), and the plan places it released and counts it while it runs

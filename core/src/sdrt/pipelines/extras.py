@@ -252,6 +252,8 @@ class ToolboxMixin:
             own[1].close()
         for part in self.__dict__.pop("_ip_encoders", {}).values():  # the IP-Adapters' image encoders
             part.close()
+        for up in self.__dict__.pop("_upscalers", {}).values():  # the hires fix's model upscaler
+            up.close()
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor
