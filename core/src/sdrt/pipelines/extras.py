@@ -249,6 +249,8 @@ class ToolboxMixin:
             own[1].close()
         for part in self.__dict__.pop("_ip_encoders", {}).values():  # the IP-Adapters' image encoders
             part.close()
+        for models in self.__dict__.pop("_face_models", {}).values():  # FaceID's InsightFace graphs
+            models.close()
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor
