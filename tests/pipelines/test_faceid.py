@@ -212,3 +212,52 @@ def test_the_published_adapters_shapes_open(tmp_path, plus, sdxl):
 def test_faceid_portrait_is_refused_by_name(tmp_path):
     with pytest.raises(ModelError, match="FaceID Portrait"):
         open_ip_adapter(_full_size(tmp_path, False, False, portrait=True))
+
+
+def test_generate_cli_face_flags_match_diffusers(adapters, tiny_encoder_graph, tmp_path, capsys):  # noqa: F811
+    """--face-models and --ip-adapter-s-scale beside the IP-Adapter flags; the PNG records the unit as
+    sd-webui-controlnet does (its ip-adapter_face_id_plus module)."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    picture = tmp_path / "face.png"
+    Image.fromarray(ff.face_picture()).save(picture)
+    case, out = CASES[2], tmp_path / "out.png"
+    rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+               str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", case["sampler"],
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+               "--ip-adapter", str(adapters[("sd15", True)]), "--ip-adapter-image", str(picture),
+               "--ip-adapter-scale", str(case["scale"]), "--image-encoder", str(IPA / "image_encoder"),
+               "--face-models", str(BUFFALO), "--ip-adapter-s-scale", str(case["s_scale"])])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
+        text = img.text["parameters"]
+    assert 'ControlNet 0: "Module: ip-adapter_face_id_plus, Model: ip-adapter-faceid-plusv2_tiny_sd15' in text, text
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--ip-adapter-image", "NOFACE"], "pass --ip-adapter-image a picture with a face"),
+    (["--ip-adapter-image", "FACE"], "pass --face-models InsightFace's buffalo_l folder"),
+    (["--ip-adapter-image", "FACE", "--face-models", str(IPA)], "pass --face-models InsightFace's buffalo_l folder"),
+])
+def test_generate_cli_face_errors_speak_in_flags(adapters, tiny_encoder_graph, tmp_path, capsys, flags,  # noqa: F811
+                                                 words):
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    Image.fromarray(ff.face_picture()).save(tmp_path / "face.png")
+    Image.fromarray(ff.no_face_picture()).save(tmp_path / "noface.png")
+    if "NOFACE" in flags:
+        flags = [*flags, "--face-models", str(BUFFALO)]
+    flags = [str(tmp_path / "face.png") if f == "FACE" else str(tmp_path / "noface.png") if f == "NOFACE" else f
+             for f in flags]
+    rc = main(["generate", str(FOLDER), "a cat", "--steps", "1", "--backend", "reference", "-o",
+               str(tmp_path / "o.png"), "--width", "64", "--height", "64", "--ip-adapter",
+               str(adapters[("sd15", False)]), *flags])
+    err = capsys.readouterr().err
+    assert rc != 0
+    assert words in err, err
+    assert "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err

@@ -548,11 +548,31 @@ def window_hook(preps: list[Prepared], part: Part, state: Any) -> Any:
 MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "sdxl": "ip-adapter_clip_sdxl_plus_vith"}
 
 
+def face_module(adapter: Path) -> str | None:
+    """sd-webui-controlnet's module for a FaceID adapter file (``ip-adapter_face_id``, ``ip-adapter_face_id_plus``),
+    told by its header; None for any other file."""
+    from ..checkpoint.ipadapter import is_faceid
+    from ..errors import SdrtError
+    from ..weights import Weights
+
+    try:
+        keys = list(Weights.open(adapter).shapes())
+    except (OSError, ValueError, SdrtError):
+        return None
+    if not is_faceid(keys):
+        return None
+    plus = any(k.startswith("image_proj.perceiver_resampler.") for k in keys)
+    return "ip-adapter_face_id_plus" if plus else "ip-adapter_face_id"
+
+
 def module_name(unit: IPAdapter, family: str) -> str:
     """sd-webui-controlnet's module for the unit's encoder: ``ip-adapter_clip_g`` for the ViT-bigG/14 adapters, else
     the ViT-H/14 one of the family."""
     from ..checkpoint.ipadapter import adapter_reads, kind_for
 
+    face = face_module(Path(unit.adapter))
+    if face is not None:
+        return face
     reads = adapter_reads(Path(unit.adapter))
     kind = kind_for(*reads) if reads is not None else None
     if kind is not None and kind.graph == "clip_vision_g":
