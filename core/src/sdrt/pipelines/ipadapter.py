@@ -291,6 +291,8 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
             ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
         except ModelError as exc:
             raise ModelError(exc.what, where=field_name("", j, n), fix=exc.fix) from exc
+        if not ad.face and unit.face_models is not None:  # a flag given once is every adapter's (the CLI's rule)
+            log.info("%s is %s: it reads no face embedding, face_models left aside", ad.path.name, ad.label)
         if ad.face:
             faces[j] = face_inputs(pipe, ad, unit, j, n)
             if ad.kind == "faceid":
