@@ -261,3 +261,19 @@ def test_generate_cli_face_errors_speak_in_flags(adapters, tiny_encoder_graph, t
     assert rc != 0
     assert words in err, err
     assert "Traceback" not in err and len([line for line in err.splitlines() if line.startswith("error:")]) == 1, err
+
+
+def test_low_memory_releases_the_face_graphs(adapters, tiny_encoder_graph):  # noqa: F811
+    """With low_memory the detector and recognizer are closed once the face is encoded (as the image encoder is),
+    and the image is the same; they stay compiled otherwise."""
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference", low_memory=True) as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=face_unit(case, adapters),
+                            **kwargs(case)).images
+        models = next(iter(pipe.__dict__["_face_models"].values()))
+        assert not models.detector.sessions and not models.recognizer.sessions
+    assert_matches_diffusers(got, REFS[case["name"]])
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=face_unit(case, adapters), **kwargs(case))
+        models = next(iter(pipe.__dict__["_face_models"].values()))
+        assert models.detector.sessions and models.recognizer.sessions

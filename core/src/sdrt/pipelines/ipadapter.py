@@ -372,7 +372,13 @@ def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
             own.pop(key, None)
         emb = np.nan_to_num(emb)
     else:
-        face, emb = face_of(models, rgb, field_name("image", j, n))
+        try:
+            face, emb = face_of(models, rgb, field_name("image", j, n))
+        finally:
+            if pipe.is_low_memory:  # used once a job, as the image encoder: not held through the denoising
+                from .lowmem import release
+
+                release([models.detector, models.recognizer])
     crop = norm_crop(rgb, face.kps, 224) if ad.kind == "faceid_plus" else None
     return emb.astype(np.float32), crop
 
