@@ -152,16 +152,14 @@ def test_an_encoder_of_another_width_is_refused_before_it_runs(tiny_encoder_grap
         assert w in text, text
 
 
-def test_an_openclip_layout_encoder_file_binds_as_transformers_own(tiny_encoder_graphs, tmp_path):
-    """open_clip's own layout (``visual.`` keys beside a text tower: fused in_proj, ``proj`` applied as x @ proj), as
-    ComfyUI's clip_vision loader takes it: the tiny bigG encoder's weights written so by hand, found in clip_vision/
-    by what the adapter reads, give diffusers' image (made from the transformers layout)."""
-    from sdrt.checkpoint.ipadapter import find_encoder
+def _openclip_file(path: Path, text: dict) -> Path:
+    """The tiny bigG encoder's weights in open_clip's own layout (``visual.`` keys, fused in_proj, ``proj`` applied as
+    x @ proj), with ``text``'s tensors beside them, written to ``path``."""
     from sdrt.weights import Weights
 
     w = Weights.open(IPA / "image_encoder_g" / "model.safetensors")
     get = {k: w.get_array(k) for k in w.shapes()}
-    v, out = "vision_model.", {"text.token_embedding.weight": np.zeros((8, 4), np.float32)}
+    v, out = "vision_model.", dict(text)
     names = {"class_embedding": "embeddings.class_embedding", "conv1.weight": "embeddings.patch_embedding.weight",
              "positional_embedding": "embeddings.position_embedding.weight", "ln_pre.weight": "pre_layrnorm.weight",
              "ln_pre.bias": "pre_layrnorm.bias", "ln_post.weight": "post_layernorm.weight",
@@ -175,8 +173,18 @@ def test_an_openclip_layout_encoder_file_binds_as_transformers_own(tiny_encoder_
             for o, t in (("ln_1", "layer_norm1"), ("ln_2", "layer_norm2"), ("attn.out_proj", "self_attn.out_proj"),
                          ("mlp.c_fc", "mlp.fc1"), ("mlp.c_proj", "mlp.fc2")):
                 out[f"{b}{o}.{kind}"] = get[f"{a}{t}.{kind}"]
+    return Weights.from_arrays(out).save(path)
+
+
+def test_an_openclip_layout_encoder_file_binds_as_transformers_own(tiny_encoder_graphs, tmp_path):
+    """open_clip's own layout (``visual.`` keys beside a text tower: fused in_proj, ``proj`` applied as x @ proj), as
+    ComfyUI's clip_vision loader takes it: the tiny bigG encoder's weights written so by hand, found in clip_vision/
+    by what the adapter reads, give diffusers' image (made from the transformers layout)."""
+    from sdrt.checkpoint.ipadapter import find_encoder
+
     (tmp_path / "clip_vision").mkdir()
-    f = Weights.from_arrays(out).save(tmp_path / "clip_vision" / "open_clip_model.safetensors")
+    f = _openclip_file(tmp_path / "clip_vision" / "open_clip_model.safetensors",
+                       {"text.token_embedding.weight": np.zeros((8, 4), np.float32)})
     other = shutil.copy(IPA / "image_encoder" / "model.safetensors", tmp_path / "clip_vision" / "vit-h.safetensors")
     assert find_encoder(IPA / "ip-adapter_tiny_vit-G.safetensors", [Path(other), f]) == f
     enc = open_image_encoder(f)
@@ -186,3 +194,21 @@ def test_an_openclip_layout_encoder_file_binds_as_transformers_own(tiny_encoder_
         got = pipe.generate(case["prompt"], case["negative_prompt"],
                             ip_adapter=unit(case["scale"], "ip-adapter_tiny_vit-G.safetensors", f), **kwargs(case))
     assert_matches_diffusers(got.images, MORE[case["name"]])
+
+
+def test_a_whole_openclip_file_with_its_text_tower_is_found_by_what_it_gives(tmp_path):
+    """open_clip's whole model file (laion's open_clip_model.safetensors) holds the text tower at the top level
+    (``transformer.resblocks.N.attn.in_proj_weight``, ``text_projection``), sorted before ``visual.``: the encoder's
+    widths are the visual tower's, so clip_vision/ finds it for a bigG adapter beside a ViT-H/14 file; until
+    2026-12-01 the text tower's in_proj was taken for the visual one's and the file was never found."""
+    from sdrt.checkpoint.ipadapter import encoder_widths, find_encoder
+
+    (tmp_path / "clip_vision").mkdir()
+    text = {"positional_embedding": np.zeros((8, 4), np.float32), "text_projection": np.zeros((4, 4), np.float32),
+            "token_embedding.weight": np.zeros((8, 4), np.float32),
+            "transformer.resblocks.0.attn.in_proj_weight": np.zeros((12, 4), np.float32),
+            "transformer.resblocks.0.attn.in_proj_bias": np.zeros((12,), np.float32)}
+    f = _openclip_file(tmp_path / "clip_vision" / "open_clip_model.safetensors", text)
+    other = shutil.copy(IPA / "image_encoder" / "model.safetensors", tmp_path / "clip_vision" / "vit-h.safetensors")
+    assert encoder_widths(f) == (20, 40)
+    assert find_encoder(IPA / "ip-adapter_tiny_vit-G.safetensors", [Path(other), f]) == f

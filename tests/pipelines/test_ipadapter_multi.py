@@ -199,6 +199,11 @@ def test_generate_cli_takes_several_adapters_and_windows(tiny_encoder_graph, tmp
     (["--ip-adapter", "A", "--ip-adapter", "A", "--ip-adapter-image", "PICTURE", "--ip-adapter-image", "PICTURE",
       "--ip-adapter-end", "1", "--ip-adapter-end", "2"], "the 2nd --ip-adapter-end"),
     (["--ip-adapter-end", "0.5"], "--ip-adapter-end without --ip-adapter"),
+    # flags given once are every adapter's: the error says so, not "the 1st --ip-adapter-start" (none was given so;
+    # until 2026-12-01 it did)
+    (["--ip-adapter", "A", "--ip-adapter", "A", "--ip-adapter-image", "PICTURE", "--ip-adapter-image", "PICTURE",
+      "--ip-adapter-start", "0.7", "--ip-adapter-end", "0.2"],
+     "Where: --ip-adapter-start (given once: every adapter's)"),
 ])
 def test_generate_cli_ip_adapter_counts_are_checked_in_flags(tiny_encoder_graph, tmp_path, capsys, flags,  # noqa: F811
                                                             words):
@@ -260,3 +265,61 @@ def test_the_hires_fix_with_its_own_prompt_keeps_the_adapters(tiny_encoder_graph
         got = pipe.generate("a red cat", "blurry", ip_adapter=ips, **hires).images[0]
         plain = pipe.generate("a red cat", "blurry", **hires).images[0]
     assert got.shape == (96, 96, 3) and np.abs(got.astype(int) - plain.astype(int)).max() > 20
+
+
+def test_a_refused_adapter_or_encoder_of_several_is_named_in_the_fix_too(tiny_encoder_graph, tmp_path):  # noqa: F811
+    """The second of two adapters made for another model, or given an encoder that is none: the message's "what to
+    do" names that adapter's own argument (``ip_adapter[1]``, which the CLI and serve say in their words), not the
+    single adapter's ``ip_adapter`` / ``image_encoder``; until 2026-12-01 serve answered "pass ip_adapter ..."."""
+    from sdrt.errors import ModelError
+
+    good = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=IPA / "image_encoder")
+    xl = IPAdapter(IPA / "ip-adapter_tiny_sdxl.safetensors", image=REFS["ip_image"], image_encoder=IPA / "image_encoder")
+    (tmp_path / "empty").mkdir()
+    no_encoder = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], image_encoder=tmp_path / "empty")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        for second, where in ((xl, "ip_adapter[1]"), (no_encoder, "ip_adapter[1] image_encoder")):
+            with pytest.raises(ModelError) as info:
+                pipe.generate("a cat", ip_adapter=[good, second], steps=1, width=64, height=64)
+            assert info.value.where == where
+            assert f"pass {where} " in info.value.fix, info.value.fix
+            assert "{@" not in info.value.fix, info.value.fix
+
+
+@pytest.mark.parametrize("low_memory", [False, True])
+def test_an_image_encoder_written_anew_at_its_path_is_read_anew(tiny_encoder_graph, tmp_path, low_memory):  # noqa: F811
+    """The next job names the same encoder folder, whose model.safetensors was written over with other weights in
+    between: the adapter reads the new encoder's embeds, as a fresh pipeline does. Until 2026-12-01 the pipeline
+    kept the encoder part by its graph and folder, with the first file's weights (released in low-memory mode, it
+    then read the first header over the new file's bytes)."""
+    from sdrt.weights import Weights
+
+    enc = tmp_path / "image_encoder"
+    shutil.copytree(IPA / "image_encoder", enc)
+    w = Weights.open(IPA / "image_encoder" / "model.safetensors")
+    other = {k: np.asarray(w.get_array(k)) for k in w.shapes()}
+    other["visual_projection.weight"] = other["visual_projection.weight"][::-1].copy()  # other embeds, same shapes
+    ip = IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=REFS["ip_image"], scale=1.0, image_encoder=enc)
+    kw = dict(steps=2, sampler="Euler", seed=5, width=64, height=64)
+    with pipelines.load(FOLDER, backend="reference", low_memory=low_memory) as pipe:
+        first = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+        Weights.from_arrays(other).save(tmp_path / "new.safetensors")
+        shutil.copy(tmp_path / "new.safetensors", enc / "model.safetensors")  # written over in place
+        second = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+    with pipelines.load(FOLDER, backend="reference", low_memory=low_memory) as pipe:
+        want = pipe.generate("a cat", ip_adapter=ip, **kw).images[0]
+    assert np.abs(first.astype(int) - want.astype(int)).max() > 0  # the two encoders differ
+    assert np.array_equal(second, want)
+
+
+def test_generate_help_says_the_picture_flag_is_one_per_adapter(capsys):
+    """The help's IP-Adapter group says what the count check does: --ip-adapter-image once per adapter (given once
+    for two adapters it is refused), the other flags once or once per adapter. Until 2026-12-01 it said a flag given
+    once was every adapter's, which --ip-adapter-image is not."""
+    from sdrt.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "one --ip-adapter-image per adapter" in text, text
+    assert "a flag given once is every adapter's" not in text

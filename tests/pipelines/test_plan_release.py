@@ -187,3 +187,53 @@ def test_the_automatic_choice_counts_the_extra_parts(monkeypatch):
         assert not pipe.control_parts["controlnet"].sessions and not pipe.control_parts["controlnet_2"].sessions
         plan = pipe.plan("a fox", controlnets=nets("controlnet", "controlnet_2"), **KW).memory
         assert all(p.placement == "released" for p in plan.parts), plan.format()
+
+
+@pytest.mark.parametrize("low_memory", [True, False])
+def test_a_model_upscaler_written_anew_at_its_path_is_read_anew(tmp_path, low_memory):
+    """The next job names the same upscaler path, whose file was written over with another model in between: it
+    upscales with the new file, as a fresh pipeline does (and as a ControlNet file written anew is read anew).
+    Until 2026-12-01 the pipeline kept the first file's upscaler by path; released after its upscale, it then
+    rebuilt its weights from the first file's header over the new file's bytes."""
+    path = tmp_path / "up.safetensors"
+    shutil.copy(DATA / "upscalers" / "compact_x2.safetensors", path)
+    kw = dict(hires_upscaler=str(path), **HR, **{**KW, "width": 32, "height": 32})
+    folder = DATA / "pipelines" / "tiny-sdxl-dyn"
+    with pipelines.load(folder, backend="reference", low_memory=low_memory) as pipe:
+        first = pipe.generate("a cat", **kw).images[0]
+        shutil.copy(DATA / "upscalers" / "rrdb_x2_new.safetensors", path)  # written over in place
+        second = pipe.generate("a cat", **kw).images[0]
+    with pipelines.load(folder, backend="reference", low_memory=low_memory) as pipe:
+        want = pipe.generate("a cat", **kw).images[0]
+    assert np.abs(first.astype(int) - want.astype(int)).max() > 0  # the two upscalers differ
+    assert np.array_equal(second, want)
+
+
+def test_a_low_memory_value_set_by_hand_stands_even_when_the_automatic_choice_made_it(monkeypatch):
+    """``low_memory=None`` picks False for the plain run; the caller then sets ``pipe.low_memory = False`` by hand
+    (everything kept loaded, whatever comes): the run with both nets keeps it, as docs/memory.md says of a value
+    set by hand. Until 2026-12-01 a hand-set value equal to the automatic one was taken for the automatic one and
+    decided again (low memory for the run with both nets)."""
+    import sdrt.runtime as rt
+
+    own = sum(f.stat().st_size for part in ("text_encoder", "unet", "vae_decoder", "vae_encoder")
+              for f in (CN / part).iterdir() if f.name.startswith("model.onnx"))
+    one, two = onnx_bytes(CN / "controlnet" / "model.onnx"), onnx_bytes(CN / "controlnet_2" / "model.onnx")
+    memory = 4 * (own + one + two // 2)
+    real = rt.select
+
+    def reporting(backend="auto", device=None, registry=None):
+        be, dev = real(backend, device, registry)
+        return be, dataclasses.replace(dev, memory_bytes=memory)
+
+    monkeypatch.setattr(rt, "select", reporting)
+    with pipelines.load(CN, backend="reference", low_memory=None, memory="16GiB") as pipe:
+        pipe.generate("a fox", **KW)
+        assert pipe.is_low_memory is False
+        pipe.low_memory = False  # by hand
+        pipe.generate("a fox", controlnets=nets("controlnet", "controlnet_2"), **KW)
+        assert pipe.is_low_memory is False
+        assert pipe.control_parts["controlnet"].sessions and pipe.control_parts["controlnet_2"].sessions
+        pipe.low_memory = None  # the automatic choice again: decided for the job's parts
+        pipe.generate("a fox", controlnets=nets("controlnet", "controlnet_2"), **KW)
+        assert pipe.is_low_memory is True

@@ -198,6 +198,18 @@ def test_bad_ip_adapter_units(server, unit, field, words) -> None:
     assert "\n" not in body["message"]
 
 
+def test_a_bad_second_ip_unit_is_named_in_the_requests_words(server) -> None:
+    """Two IP units, the second's adapter made for SDXL: the answer names that unit's model field, in the message's
+    "what to do" too; until 2026-12-01 it said "pass ip_adapter an IP-Adapter made for the model"."""
+    units = [_unit(), _unit(model="ip-adapter_sdxl_vit-h")]
+    r = _post(server, dict(BASE, alwayson_scripts={"controlnet": {"args": units}}))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert body["field"] == "alwayson_scripts.controlnet.args[1].model", body
+    assert "pass alwayson_scripts.controlnet.args[1].model an IP-Adapter made for" in body["message"], body
+    assert "ip_adapter" not in body["message"].replace("ip-adapter", ""), body
+
+
 def test_the_image_encoder_is_found_beside_the_adapter_or_in_comfyuis_clip_vision(tmp_path) -> None:
     from types import SimpleNamespace
 
@@ -356,3 +368,31 @@ def test_controlnet_and_ip_units_mix(cn_server) -> None:
     assert "ControlNet 0: \\\"Module: none, Model: controlnet" in info, info
     assert "ControlNet 1: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter_sd15, Weight: 0.9" in info, info
     assert "ControlNet 2: \\\"Module: ip-adapter_clip_sd15, Model: ip-adapter-plus_sd15, Weight: 0.8" in info, info
+
+
+@pytest.fixture(scope="module")
+def flux_server(tmp_path_factory, tiny_encoder_graph) -> Iterator[str]:
+    """A server of tiny-flux-dev (a family without IP-Adapter) with an SD 1.x adapter and its encoder in ControlNet/."""
+    from sdrt.serve import ServeConfig
+
+    root = tmp_path_factory.mktemp("ipa-flux-models")
+    shutil.copytree(DATA / "pipelines" / "tiny-flux-dev", root / "tiny-flux-dev")
+    (root / "ControlNet").mkdir()
+    shutil.copy(IPA / "ip-adapter_tiny.safetensors", root / "ControlNet" / "ip-adapter_sd15.safetensors")
+    shutil.copytree(IPA / "image_encoder", root / "ControlNet" / "image_encoder")
+    with live_server(ServeConfig(models=root, backend="reference")) as url:
+        yield url
+
+
+@pytest.mark.parametrize("n", [1, 2])
+def test_ip_units_on_a_model_without_ip_adapter_are_refused_in_the_requests_words(flux_server, n) -> None:
+    """One or two IP units on Flux.1: a 400 naming the first unit's model field, in the field and the message.
+    Until 2026-12-01 two units were refused on the field "ip_adapter" ("leave ip_adapter out"), the Python API's
+    argument, which no request has."""
+    body = {k: v for k, v in BASE.items() if k != "cfg_scale"}
+    r = _post(flux_server, dict(body, alwayson_scripts={"controlnet": {"args": [_unit()] * n}}))
+    assert r.status_code == 400, r.text
+    got = r.json()
+    assert "IP-Adapter is not supported for Flux.1" in got["message"], got
+    assert got["field"] == "alwayson_scripts.controlnet.args[0].model", got
+    assert "ip_adapter" not in got["message"].replace("ip-adapter", ""), got

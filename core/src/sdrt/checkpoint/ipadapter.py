@@ -455,6 +455,14 @@ _OPENCLIP_BLOCK = (("ln_1.", "layer_norm1."), ("ln_2.", "layer_norm2."), ("attn.
 _IN_PROJ = "transformer.resblocks.0.attn.in_proj_weight"
 
 
+def _openclip_prefix(shapes: Mapping[str, tuple[int, ...]]) -> str | None:
+    """The prefix of an OpenCLIP visual tower's keys (``visual.``): the one with its ``proj`` and
+    ``class_embedding``, not a text tower's (open_clip's whole model file keeps that one at the top level,
+    ``transformer.resblocks.N``, sorted before ``visual.``); None when there is none."""
+    return next((k[: -len(_IN_PROJ)] for k in shapes if k.endswith(_IN_PROJ) and f"{k[: -len(_IN_PROJ)]}proj"
+                 in shapes and f"{k[: -len(_IN_PROJ)]}class_embedding" in shapes), None)
+
+
 def openclip_vision(w: Weights, shapes: Mapping[str, tuple[int, ...]]) -> dict[str, TensorRef] | None:
     """An OpenCLIP visual tower (open_clip's own ``open_clip_model.safetensors``: ``visual.class_embedding``,
     ``visual.transformer.resblocks.N.attn.in_proj_weight``, ``visual.proj``..., the layout ComfyUI's clip_vision
@@ -463,8 +471,7 @@ def openclip_vision(w: Weights, shapes: Mapping[str, tuple[int, ...]]) -> dict[s
     ``visual_projection.weight``. None when the file holds no such tower (a text tower beside it is left out)."""
     from .ldm import Source
 
-    prefix = next((k[: -len(_IN_PROJ)] for k in shapes if k.endswith(_IN_PROJ) and f"{k[: -len(_IN_PROJ)]}proj"
-                   in shapes and f"{k[: -len(_IN_PROJ)]}class_embedding" in shapes), None)
+    prefix = _openclip_prefix(shapes)
     if prefix is None:
         return None
     conv: dict[str, Source] = {"visual_projection.weight": Source(f"{prefix}proj", "T")}
@@ -619,9 +626,9 @@ def encoder_widths(path: Path) -> tuple[int | None, int | None] | None:
         if st.suffix == ".safetensors" and st.is_file():
             shapes = Weights.open(st).shapes()
             proj = shapes.get("visual_projection.weight")
-            if proj is None:  # OpenCLIP's layout: proj [width, embeds]
-                pre = next((k[: -len(_IN_PROJ)] for k in shapes if k.endswith(_IN_PROJ)), None)
-                proj = tuple(reversed(shapes[f"{pre}proj"])) if pre is not None and f"{pre}proj" in shapes else None
+            if proj is None:  # OpenCLIP's layout: proj [width, embeds] (the visual tower's, not the text one's)
+                pre = _openclip_prefix(shapes)
+                proj = tuple(reversed(shapes[f"{pre}proj"])) if pre is not None else None
             return (int(proj[0]), int(proj[1])) if proj is not None and len(proj) == 2 else None
     except (OSError, ValueError, SdrtError):
         return None

@@ -39,7 +39,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="last step, as a fraction of the steps (1)")
     g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
-                   "model-free preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none)")
+                   "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
+                   "dw_openpose_full reads --control-pose-models")
+    g.add_argument("--control-pose-models", action="append", default=[], metavar="PATH",
+                   help="dw_openpose_full's DWPose files: the folder holding yolox_l.onnx and dw-ll_ucoco_384.onnx "
+                        "(or sd-webui-controlnet's annotator/downloads/openpose, or ComfyUI's "
+                        "custom_nodes/comfyui_controlnet_aux/ckpts/yzd-v/DWPose under it); once for all, or per image")
     g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
@@ -67,7 +72,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="diffusers' guess mode for every ControlNet (residuals scaled 0.1 to 1, none for the negative "
                         "prompt)")
     i = p.add_argument_group("IP-Adapter (an image prompt; SD 1.x, SD 2.x, SDXL); each flag repeats, paired in order "
-                             "with --ip-adapter (a flag given once is every adapter's)")
+                             "with --ip-adapter: one --ip-adapter-image per adapter, the others once for every adapter or once "
+                             "per adapter")
     i.add_argument("--ip-adapter", action="append", default=[], metavar="FILE",
                    help="an adapter: h94/IP-Adapter's models/ip-adapter_sd15.safetensors (SD 1.x) or "
                         "sdxl_models/ip-adapter_sdxl_vit-h.safetensors (SDXL), the Plus, Full Face and ViT-bigG/14 ones "
@@ -197,7 +203,9 @@ def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
     opts["ip_adapter"] = units[0] if n == 1 else units
     if n > 1:  # the pipeline names adapter j's fields ip_adapter[j] ...: errors say which flag, and which one
         names = {field_name("", j, n): f"the {_ordinal(j + 1)} --ip-adapter" for j in range(n)}
-        names.update({field_name(name, j, n): f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
+        # a flag given once is every adapter's: said so, not as "the 2nd --image-encoder" the caller never gave
+        names.update({field_name(name, j, n): f"--{key.replace('_', '-')} (given once: every adapter's)"
+                      if len(getattr(args, key)) == 1 else f"the {_ordinal(j + 1)} --{key.replace('_', '-')}"
                       for j in range(n) for name, key in _IP_FLAGS})
         args._names = {**getattr(args, "_names", {}), **names}
 
@@ -210,7 +218,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
                      "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
-                     "guess_mode"):
+                     "control_pose_models", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -227,7 +235,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
-                              ("hr_option", "--control-hr-option"))}}
+                              ("hr_option", "--control-hr-option"), ("pose_models", "--control-pose-models"))}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():
@@ -283,20 +291,38 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
             check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
+        poses = _per_unit(args.control_pose_models, n, "--control-pose-models")
+        from ..pipelines.posedetect import find_files
+        from ..pipelines.preprocessors import WITH_MODELS
+
+        shared = len(args.control_pose_models) == 1 and any(pre in WITH_MODELS for pre in pres)
+        for pre, models in zip(pres, poses):  # in the flag's words
+            if models is not None and pre not in WITH_MODELS and not shared:
+                raise InputError(f"--control-pose-models is for dw_openpose_full, and the preprocessor is "
+                                 f"{pre or 'none'}", where="--control-pose-models",
+                                 fix="pass --control-preprocessor dw_openpose_full, or leave --control-pose-models out")
+            if pre in WITH_MODELS:
+                if models is None:
+                    raise InputError("dw_openpose_full needs DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx",
+                                     where="--control-preprocessor dw_openpose_full",
+                                     fix="pass --control-pose-models FOLDER holding them")
+                find_files(models, what="--control-pose-models")
+        backend = getattr(args, "backend", None) or "auto"
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
-                _per_unit(passes, n, "--control-hr-option")):
+                _per_unit(passes, n, "--control-hr-option"), poses):
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
-                                    inpaint_crop=crop != "off", hr_option=hr or "Both"))
+                                    inpaint_crop=crop != "off", hr_option=hr or "Both", pose_models=pm,
+                                    pose_backend=backend))
         opts["controlnets"] = units
     _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",

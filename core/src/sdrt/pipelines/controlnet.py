@@ -51,7 +51,7 @@ import numpy as np
 
 from ..errors import InputError, ModelError
 from .controlmaps import finite_number
-from .preprocessors import AT_RESOLUTION, NAMES, check_thresholds, threshold_fields
+from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, threshold_fields
 from .preprocessors import preprocess as _preprocess
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -130,6 +130,13 @@ class ControlNet:
     inpaint_crop: bool = True
     #: with the hires fix: "Both" passes, "Low res only" (the first), "High res only" (the second); :data:`HR_OPTIONS`
     hr_option: Any = "Both"
+    #: a preprocessor's model files (``dw_openpose_full``: the folder holding DWPose's ``yolox_l.onnx`` and
+    #: ``dw-ll_ucoco_384.onnx``, the extension's ``annotator/downloads/openpose`` or ComfyUI's ``ckpts/yzd-v/DWPose``
+    #: layout under it, or the two files); compiled on ``pose_backend`` (None: the pipeline's backend and device;
+    #: "auto": the best here)
+    pose_models: Any = None
+    pose_backend: str | None = None
+    pose_device: Any = field(default=None, repr=False)  #: filled in by the pipeline with its device
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -223,7 +230,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "resize", "low", "high", "processor_res",
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
-                                                                 "inpaint_crop", "hr_option")})
+                                                                 "inpaint_crop", "hr_option", "pose_models",
+                                                                 "pose_backend")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -250,6 +258,14 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
+        if unit.preprocessor in WITH_MODELS:
+            from .posedetect import find_files
+
+            if unit.pose_models is None:
+                raise InputError(f"{where}: the {unit.preprocessor} preprocessor needs DWPose's yolox_l.onnx and "
+                                 "dw-ll_ucoco_384.onnx", where=f"{where} pose_models",
+                                 fix="pass pose_models=FOLDER holding them (or the two files)")
+            find_files(unit.pose_models, what=f"{where} pose_models")
         unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
         unit.hr_option = hr_option(unit.hr_option, f"{where} hr_option")
         if not isinstance(unit.inpaint_crop, (bool, np.bool_)):
@@ -368,6 +384,10 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
         unit.made_at = res
     seed = unit.seed if unit.seed is not None else unit.run_seed
     try:
+        if unit.preprocessor in WITH_MODELS:
+            return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed, models=unit.pose_models,
+                               backend=unit.pose_backend or "auto", device=unit.pose_device,
+                               where=f"{where} pose_models")
         return preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
     except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
         threshold = getattr(exc, "threshold", None)

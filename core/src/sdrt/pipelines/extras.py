@@ -43,6 +43,9 @@ class ToolboxMixin:
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
         cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
+        for unit in tb.controlnets:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
+            if unit.pose_backend is None:
+                unit.pose_backend, unit.pose_device = self.backend, self.device  # type: ignore[attr-defined]
         self._unit_regions(s)
         from .singlefile import denoiser_graph
 
@@ -376,14 +379,19 @@ class ToolboxMixin:
 
     # ------------------------------------------------------------------ hires fix
     def _model_upscaler(self, path: Any) -> Any:
-        """The hires fix's model upscaler for ``path``, on this pipeline's backend and device (kept)."""
+        """The hires fix's model upscaler for ``path``, on this pipeline's backend and device (kept while its file
+        is the same version: one written anew at the path is opened anew, as a ControlNet file is)."""
+        from ..stamps import file_stamp
         from .upscaler import ModelUpscaler
 
         cache = self.__dict__.setdefault("_upscalers", {})
-        if path not in cache:
+        key = (path, file_stamp(path))
+        if key not in cache:
+            for old in cache.values():
+                old.close()
             cache.clear()  # one model upscaler at a time: its sessions hold its weights
-            cache[path] = ModelUpscaler(path, backend=self.backend, device=self.device)  # type: ignore[attr-defined]
-        return cache[path]
+            cache[key] = ModelUpscaler(path, backend=self.backend, device=self.device)  # type: ignore[attr-defined]
+        return cache[key]
 
     def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,
                     on_step: Any, offset: int, refiner: Any = None) -> np.ndarray:

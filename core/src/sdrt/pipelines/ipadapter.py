@@ -97,6 +97,12 @@ def _said(key: str) -> str:
     return "{@" + key + "}" if key.isidentifier() else key
 
 
+def _own_words(fix: str | None, name: str, key: str) -> str | None:
+    """A checker's ``fix`` that names the single adapter's argument ``{@name}`` naming adapter ``key``'s instead
+    (``ip_adapter[1]``: the CLI's "2nd --ip-adapter", serve's unit field)."""
+    return fix.replace("{@" + name + "}", _said(key)) if fix else fix
+
+
 def _is_list(value: Any) -> bool:
     """``ip_adapter=[IPAdapter(...), ...]`` (or tuples), not one adapter's ``(adapter, image[, ...])`` tuple."""
     return isinstance(value, (list, tuple)) and len(value) > 0 and any(
@@ -289,8 +295,9 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
     for j, unit in enumerate(units):
         try:  # said on the argument (--ip-adapter, a server unit's model field); the message names the file
             ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
-        except ModelError as exc:
-            raise ModelError(exc.what, where=field_name("", j, n), fix=exc.fix) from exc
+        except ModelError as exc:  # the fix names this adapter's argument too (ip_adapter[1] of several)
+            raise ModelError(exc.what, where=field_name("", j, n),
+                             fix=_own_words(exc.fix, "ip_adapter", field_name("", j, n))) from exc
         if not ad.face and unit.face_models is not None:  # a flag given once is every adapter's (the CLI's rule)
             log.info("%s is %s: it reads no face embedding, face_models left aside", ad.path.name, ad.label)
         if ad.face:
@@ -303,14 +310,13 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
             enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None
                                      else default_encoder(ad.path, where))
         except ModelError as exc:
-            raise ModelError(exc.what, where=where, fix=exc.fix) from exc
+            raise ModelError(exc.what, where=where, fix=_own_words(exc.fix, "image_encoder", where)) from exc
         try:  # its width against the adapter's (image embeds or hidden states), naming the encoder to pass
             check_encoder(ad, enc)
         except ModelError as exc:
-            raise ModelError(exc.what, where=where,
-                             fix=(exc.fix or "").replace("{@image_encoder}", _said(where)) or None) from exc
+            raise ModelError(exc.what, where=where, fix=_own_words(exc.fix, "image_encoder", where)) from exc
         opened.append((ad, enc))
-    groups: dict[tuple[str, str], list[int]] = {}
+    groups: dict[tuple[Any, ...], list[int]] = {}
     preps: dict[int, Prepared] = {}
     for j, (ad, enc) in enumerate(opened):
         if enc is None:  # FaceID: its face embedding alone, the negative pass zeros (diffusers' zeros_like)
@@ -335,9 +341,13 @@ def reads_hidden(ad: IPAdapterFile) -> bool:
     return ad.kind != "base"
 
 
-def encoder_key(enc: ImageEncoder) -> tuple[str, str]:
-    """What makes two adapters' encoders one: the same graph with the same weights file."""
-    return (str(enc.graph), str(Path(enc.path).resolve()))
+def encoder_key(enc: ImageEncoder) -> tuple[Any, ...]:
+    """What makes two adapters' encoders one: the same graph with the same weights file, of the same version (one
+    written anew at its path since the last job is another encoder: its part is made again)."""
+    from ..stamps import file_stamp
+
+    sources = enc.weights.sources if enc.weights is not None else []
+    return (str(enc.graph), str(Path(enc.path).resolve()), file_stamp(sources[0] if sources else enc.graph))
 
 
 def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int

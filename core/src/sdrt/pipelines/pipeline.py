@@ -1370,6 +1370,17 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
     @property
+    def low_memory(self) -> bool | None:
+        """Keep only the running part loaded (None: decided from the device's reported memory, for each job's
+        parts: ``is_low_memory``)."""
+        return self.__dict__.get("_low_memory")
+
+    @low_memory.setter
+    def low_memory(self, value: bool | None) -> None:
+        self.__dict__["_low_memory"] = value
+        self.__dict__.pop("_auto_memory", None)  # set by hand: that stands, even the value last decided
+
+    @property
     def is_low_memory(self) -> bool:
         if self.low_memory is None:
             self._auto_memory = (_UNDECIDED,)  # low_memory=None: decided again for each job's parts
@@ -1391,8 +1402,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 size = sum(f.stat().st_size for f in files if f.is_file())
             else:
                 size = model_bytes(p.path for p in self._parts.values())
-            self.low_memory = auto_low_memory(dev.memory_bytes, size + (extra_bytes(job) if job else 0))
-            self._auto_memory = (job, self.low_memory)
+            self.__dict__["_low_memory"] = auto_low_memory(dev.memory_bytes, size + (extra_bytes(job) if job else 0))
+            self._auto_memory = (job, self.low_memory)  # decided, not set by hand: made again for the next job's parts
         if self.low_memory:
             for part in self._parts.values():
                 part.lazy_external = True  # external data stays mapped from disk, never read in

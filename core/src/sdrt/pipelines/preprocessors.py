@@ -17,6 +17,7 @@ shuffle                 - (seeded: :mod:`shufflemap`)                scaled, no 
 color                   -                                            its own (area)      colormaps
 recolor_luminance       Gamma Correction 1 (0 to 256)                -                   colormaps
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
+dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -39,7 +40,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "SPECS", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "SPECS", "WITH_MODELS", "dwpose", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -61,6 +62,8 @@ class Spec:
     low: Slider | None = None
     high: Slider | None = None
     seeded: bool = False
+    #: made by a model whose files the caller names (``models=``): DWPose's two ONNX files
+    models: bool = False
 
 
 SPECS: dict[str, Spec] = {
@@ -77,10 +80,14 @@ SPECS: dict[str, Spec] = {
     "blur_gaussian": Spec("scale", Slider(9.0, 0, 256, above=True)),
     "recolor_luminance": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
+    "dw_openpose_full": Spec("pad", models=True),
 }
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
+#: the preprocessors that run a model (their files given as ``models``)
+WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
+_DWPOSE: dict[tuple, Any] = {}
 
 
 def check_thresholds(name: str, low: Any, high: Any, where: str,
@@ -141,10 +148,48 @@ def threshold_fields(name: str, low: float | None, high: float | None) -> list[t
     return items
 
 
+def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.posedetect.DWPose` of ``models`` (a folder holding ``yolox_l.onnx`` and
+    ``dw-ll_ucoco_384.onnx``, or one of the extension's / ComfyUI's layouts under it, or the two files), compiled
+    once per files and backend and kept (one at a time)."""
+    from .posedetect import DWPose, find_files
+
+    if models is None:
+        raise InputError(f"{where}: the dw_openpose_full preprocessor needs DWPose's yolox_l.onnx and "
+                         "dw-ll_ucoco_384.onnx", where=where,
+                         fix="pass the folder that holds them (or the two files)")
+    files = find_files(models, what=where)
+    key = (str(files[0]), str(files[1]), backend, str(device))
+    if key not in _DWPOSE:
+        for old in _DWPOSE.values():
+            old.close()
+        _DWPOSE.clear()
+        _DWPOSE[key] = DWPose(files[0], files[1], backend=backend, device=device)
+    return _DWPOSE[key]
+
+
+def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
+    """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
+    return pose_detect(rgb, detector)[0]
+
+
+def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, Any]]:
+    """``(map, OpenPose JSON)`` of an image (the one the detector reads: at a resolution, already padded): the
+    extension's ``dw_openpose_full`` map and the JSON its ``json_pose_callback`` receives (pixels of that image)."""
+    from . import posemaps
+
+    people = posemaps.people_from_keypoints(detector(rgb))
+    h, w = rgb.shape[:2]
+    return posemaps.draw(people, h, w), posemaps.to_json(people, h, w)
+
+
 def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float | None = None,
-               resolution: int | None = None, seed: int | None = None) -> np.ndarray:
+               resolution: int | None = None, seed: int | None = None, *, models: Any = None,
+               backend: str = "auto", device: Any = None, where: str = "models") -> np.ndarray:
     """The control map (HxWx3 uint8) of an HxWx3 uint8 image: ``name`` with its thresholds (None: the defaults),
-    at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0)."""
+    at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
+    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files),
+    compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
     from . import controlmaps as cm
 
     spec = SPECS[name]
@@ -171,6 +216,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         from . import linemaps
 
         rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
+    elif name == "dw_openpose_full":
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.posedetect"), dwpose(models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

@@ -130,7 +130,6 @@ _MISSING = {
                            "extension's current API)",
     "/controlnet/control_types": ": sdrt's ControlNet modules are in GET /controlnet/module_list, its nets in "
                                  "/controlnet/model_list",
-    "/controlnet/render_openpose_json": ": sdrt has no openpose renderer",
 }
 
 

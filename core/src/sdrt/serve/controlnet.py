@@ -20,6 +20,7 @@ from typing import Any
 from ..errors import InputError
 from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
+from ..pipelines.preprocessors import WITH_MODELS
 from . import b64images, kontext
 from .errors import ApiError
 from .fields import get_bool, get_float
@@ -32,7 +33,7 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full")}
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
@@ -50,6 +51,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "blur_gaussian": [_RES, {"name": "Sigma", "min": 0.01, "max": 64.0, "value": 9.0}],
     "color": [_RES],
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
+    "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -298,6 +300,8 @@ def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max
                              unit.get("guidance") is None else "guidance"), ("image_encoder", "model"),
                             ("face_models", "module")):
             names[field_name(name, j, n)] = f"{where}.{field}"
+    if n > 1:  # the adapters as a whole (the pipeline's "leave ip_adapter out"): the first unit's model, as for one
+        names.setdefault("ip_adapter", names[field_name("", 0, n)])
     return made, names
 
 
@@ -489,7 +493,8 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
-    made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize,
+    extra = {"pose_models": pose_files(registry.models_dir, f("module"))} if pre in WITH_MODELS else {}
+    made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
@@ -499,8 +504,49 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     return made, reads
 
 
-def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
-    """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs."""
+def pose_files(models: Path | None, field: str) -> tuple[Path, Path]:
+    """DWPose's two files for ``dw_openpose_full``, found under the models folder (or the folder above it, an A1111
+    or ComfyUI root) in sd-webui-controlnet's or ComfyUI's layout; a 400 naming where it looked otherwise."""
+    from ..pipelines.posedetect import DET_FILE, LAYOUTS, POSE_FILE, find_files
+
+    roots = [] if models is None else [Path(models), Path(models).parent]
+    for root in roots:
+        try:
+            return find_files(root)
+        except InputError:
+            continue
+    where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in roots) or "no models folder"
+    raise ApiError(400, f"{field}: dw_openpose_full needs DWPose's {DET_FILE} and {POSE_FILE}, found in neither "
+                        f"{where}; put them in <models>/{LAYOUTS[0]} (the extension's layout) or <models>/{LAYOUTS[3]}",
+                   field=field)
+
+
+def render_openpose_json(body: Any) -> dict[str, Any]:
+    """``POST /controlnet/render_openpose_json``: each OpenPose JSON (the extension's format) drawn as its
+    ``draw_poses`` draws it, base64 PNGs."""
+    import base64
+
+    from ..pipelines import posemaps
+    from ..pipelines.png import encode_png
+
+    if not isinstance(body, list):
+        raise ApiError(422, "the body must be a JSON list of poses ({people, canvas_width, canvas_height})")
+    if not body:
+        return {"info": "No pose data detected."}
+    out = []
+    for k, pose in enumerate(body):
+        try:
+            people, h, w = posemaps.from_json(pose, f"body[{k}]")
+        except InputError as exc:
+            raise ApiError(422, f"{exc.where}: {getattr(exc, 'what', str(exc))}", field=str(exc.where)) from None
+        out.append(base64.b64encode(encode_png(posemaps.draw(people, h, w))).decode("ascii"))
+    return {"images": out, "info": "Success"}
+
+
+def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None = None) -> dict[str, Any]:
+    """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs
+    (``dw_openpose_full``: with the OpenPose JSON of each image as ``poses``, DWPose's files found under
+    ``models``)."""
     import base64
     import secrets
 
@@ -522,8 +568,15 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
                          ("controlnet_processor_res", "controlnet_threshold_a", "controlnet_threshold_b"),
                          lambda name: name, max_res)
     out = []
+    poses = []
+    files = pose_files(models, "controlnet_module") if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
+        if files is not None:
+            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res))
+            poses.append(pose)
+            out.append(base64.b64encode(encode_png(made)).decode("ascii"))
+            continue
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
@@ -531,7 +584,20 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048) -> dict[str, Any]:
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
-    return {"images": out, "info": "Success"}
+    return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
+
+
+def _pose_detect(rgb: Any, files: tuple[Path, Path], res: int) -> tuple[Any, dict[str, Any]]:
+    """The dw_openpose_full map and OpenPose JSON of one image as the extension's detect makes them: at the
+    processor resolution, padded to 64 (the JSON in pixels of the padded image, as the extension's callback)."""
+    import numpy as np
+
+    from ..pipelines.controlmaps import processor_input
+    from ..pipelines.preprocessors import dwpose, pose_detect
+
+    padded, (h, w) = processor_input(rgb, res)
+    made, pose = pose_detect(padded, dwpose(files, where="controlnet_module"))
+    return np.ascontiguousarray(made[:h, :w]), pose
 
 
 #: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
@@ -548,4 +614,4 @@ def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
 
 
 __all__ = ["API_VERSION", "FACE_MODULES", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapters",
-           "module_detail", "module_list", "script", "units"]
+           "module_detail", "module_list", "pose_files", "render_openpose_json", "script", "units"]

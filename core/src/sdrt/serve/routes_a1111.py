@@ -271,7 +271,13 @@ async def cn_detect(request: Request) -> JSONResponse:
     body = await read_json(request, st.limits.max_body_bytes)
     lim = st.limits
     return JSONResponse(await run_in_threadpool(controlnet.detect, body, lim.max_width * lim.max_height * 4,
-                                                max(lim.max_width, lim.max_height)))
+                                                max(lim.max_width, lim.max_height), st.registry.models_dir))
+
+
+async def cn_render_openpose(request: Request) -> JSONResponse:
+    st = _state(request)
+    body = await read_json(request, st.limits.max_body_bytes)
+    return JSONResponse(await run_in_threadpool(controlnet.render_openpose_json, body))
 
 
 def _empty(value: Any) -> Any:
@@ -328,6 +334,7 @@ ROUTES = [
     Route("/controlnet/module_list", cn_modules, methods=["GET"]),
     Route("/controlnet/settings", cn_settings, methods=["GET"]),
     Route("/controlnet/detect", cn_detect, methods=["POST"]),
+    Route("/controlnet/render_openpose_json", cn_render_openpose, methods=["POST"]),
     Route("/internal/progress", internal_progress, methods=["POST"]),
 ]
 

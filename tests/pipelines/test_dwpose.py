@@ -1,0 +1,174 @@
+"""DWPose (dw_openpose_full) against sd-webui-controlnet's / controlnet_aux's own code run with OpenCV and
+onnxruntime (scripts/gen_dwpose_refs.py -> tests/data/control/dwpose_refs.npz), on stand-in ONNX files with the
+real files' signatures (tests/pipelines/dwpose_graphs.py)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dwpose_graphs  # noqa: E402
+from pipeline_helpers import register  # noqa: E402
+
+from sdrt.errors import InputError  # noqa: E402
+from sdrt.pipelines import posedetect, posemaps, preprocessors  # noqa: E402
+
+REFS = Path(__file__).parents[1] / "data" / "control" / "dwpose_refs.npz"
+CASES = ["stripes_256", "stripes_160", "checks_192"]
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return np.load(REFS)
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("dwpose")
+    dwpose_graphs.write(folder)
+    return folder
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_dwpose_maps_equal_the_extension(refs, models, backend):
+    register(backend)
+    with posedetect.DWPose(models / "yolox_l.onnx", models / "dw-ll_ucoco_384.onnx", backend=backend) as dw:
+        for key in CASES:
+            inp = refs[f"input/{key}"]
+            ref = refs[f"map/ort/{key}"]
+            assert (ref == refs[f"map/cv2/{key}"]).all()  # the extension's cv2.dnn path drew the same map
+            boxes = dw.detect(inp)
+            np.testing.assert_allclose(boxes, refs[f"boxes/ort/{key}"], atol=1e-3)
+            info = dw(inp)
+            assert info.shape == refs[f"keypoints/ort/{key}"].shape
+            got = posemaps.draw(posemaps.people_from_keypoints(info), *inp.shape[:2])[:ref.shape[0], :ref.shape[1]]
+            assert (got != ref).any(2).sum() == 0, key
+
+
+def test_dw_openpose_full_from_the_raw_image(refs, models):
+    """The whole chain: sdrt's own processor resize (bicubic / area, edges to 64), DWPose, the map cropped back."""
+    register("reference")
+    for key in CASES:
+        name, res = key.rsplit("_", 1)
+        ref = refs[f"map/ort/{key}"]
+        got = preprocessors.preprocess(refs[f"image/{name}"], "dw_openpose_full", resolution=int(res),
+                                       models=models, backend="reference")
+        assert got.shape == ref.shape
+        assert (got != ref).any(2).sum() == 0, key
+
+
+def test_render_json_equals_the_extension(refs):
+    pose = json.loads(bytes(refs["json/render"]).decode())
+    people, h, w = posemaps.from_json(pose)
+    got = posemaps.draw(people, h, w)
+    assert (got == refs["map/render"]).all()
+
+
+def test_json_round_trip(refs, models):
+    register("reference")
+    with posedetect.DWPose(models / "yolox_l.onnx", models / "dw-ll_ucoco_384.onnx", backend="reference") as dw:
+        inp = refs["input/stripes_256"]
+        people = posemaps.people_from_keypoints(dw(inp))
+    doc = json.loads(json.dumps(posemaps.to_json(people, *inp.shape[:2])))
+    back, h, w = posemaps.from_json(doc)
+    assert (posemaps.draw(back, h, w) == posemaps.draw(people, h, w)).all()
+    assert len(doc["people"]) == 2 and doc["people"][0]["hand_right_keypoints_2d"] is None
+
+
+def test_missing_files_one_line(tmp_path):
+    with pytest.raises(InputError) as e:
+        posedetect.find_files(tmp_path, what="--control-pose-models")
+    msg = str(e.value)
+    assert "yolox_l.onnx" in msg and str(tmp_path) in msg and "\n" not in msg
+    with pytest.raises(InputError, match="needs DWPose"):
+        preprocessors.preprocess(np.zeros((64, 64, 3), np.uint8), "dw_openpose_full")
+
+
+def test_layouts_found(tmp_path):
+    sub = tmp_path / "extensions/sd-webui-controlnet/annotator/downloads/openpose"
+    dwpose_graphs.write(sub)
+    det, pose = posedetect.find_files(tmp_path)
+    assert det.parent == sub and pose.name == "dw-ll_ucoco_384.onnx"
+
+
+def test_unit_needs_pose_models():
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    with pytest.raises(InputError, match="pose_models"):
+        parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full")])
+
+
+def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with dw_openpose_full gives the image of a unit fed the extension's map by hand; the CLI's
+    --control-pose-models runs it and writes the module in the infotext; without the files, one line."""
+    from PIL import Image
+    from pipeline_helpers import DATA, fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image, ref = refs["image/stripes"], refs["map/ort/stripes_256"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="dw_openpose_full", processor_res=256, pose_models=models)
+        for old in preprocessors._DWPOSE.values():
+            old.close()
+        preprocessors._DWPOSE.clear()
+        gen = pipe.generate("a dancer", controlnets=[unit], **kw)
+        # no pose_backend: DWPose's graphs compiled on the pipeline's backend, not on "auto"'s choice
+        assert [key[2] for key in preprocessors._DWPOSE] == [pipe.backend], list(preprocessors._DWPOSE)
+        by_hand = pipe("a dancer", controlnets=[("controlnet", ref)], **kw)[0]
+        photo = pipe("a dancer", controlnets=[("controlnet", image)], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand) and not np.array_equal(by_hand, photo)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: dw_openpose_full, Model: controlnet")
+    png, out = tmp_path / "dancers.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(DATA / "tiny-sd15-controlnet"), "a dancer", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "dw_openpose_full"]
+    assert main([*args, "--control-pose-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: dw_openpose_full, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-pose-models" in err, err
+    assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no yolox_l.onnx and dw-ll_ucoco_384.onnx in {tmp_path}" in err, err
+
+
+def test_opencv_primitives_pixel_for_pixel(refs):
+    """cv2.ellipse2Poly, fillConvexPoly, a thick cv2.line and a filled cv2.circle at the border, by OpenCV 5.0."""
+    from sdrt.pipelines import cvdraw
+
+    cases, counts, pts = refs["draw/ellipse_cases"], refs["draw/ellipse_counts"], refs["draw/ellipse_points"]
+    starts = np.concatenate([[0], np.cumsum(counts)])
+    for k, (cx, cy, ax, bx, ang) in enumerate(cases):
+        poly = cvdraw.ellipse2poly((int(cx), int(cy)), (int(ax), int(bx)), int(ang), 0, 360, 1)
+        assert np.array_equal(np.array(poly), pts[starts[k]:starts[k + 1]]), k
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cvdraw.fill_convex_poly(canvas, poly, [200, 100, 50])
+        assert np.array_equal(canvas[..., 0], refs["draw/ellipse_fills"][k]), k
+    for got, a in zip(refs["draw/big_ellipses"], (0, 17, 45, 133)):
+        assert np.array_equal(np.array(cvdraw.ellipse2poly((0, 0), (100000, 70000), a, 0, 360, 1)), got), a
+    for k, (x1, y1, x2, y2, t) in enumerate(refs["draw/line_cases"]):
+        canvas = np.zeros((48, 48, 3), np.uint8)
+        cvdraw.line(canvas, (int(x1), int(y1)), (int(x2), int(y2)), (255.0, 0, 0), int(t))
+        cvdraw.circle(canvas, (int(x2) - 24, int(y1)), int(t) + 2, (255, 0, 0))
+        assert np.array_equal(canvas[..., 0], refs["draw/lines"][k]), k
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4)])
+def test_tiny_and_odd_images_make_a_map(models, shape):
+    register("reference")
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    made = preprocessors.preprocess(img, "dw_openpose_full", models=models, backend="reference")
+    assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "dw_openpose_full", models=models, backend="reference")
