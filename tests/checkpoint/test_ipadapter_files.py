@@ -7,7 +7,7 @@
   cross-attention layer at the places h94's files number (SD 1.5: 1..31, SDXL: 1..139) with the heads their own
   attention uses;
 - refusals, one line each, in the caller's words: an adapter for another family, no image encoder, an encoder of
-  another width, Full Face / FaceID files (and Plus files of an unknown layout), a file that is no adapter;
+  another width, Plus / Full Face / FaceID files of an unknown layout, a file that is no adapter;
 - full-size IP-Adapter Plus headers in h94's shapes open as Plus adapters.
 """
 
@@ -169,15 +169,17 @@ def test_an_image_encoder_config_that_is_no_clip_vision_config_is_refused(folder
 @pytest.mark.parametrize("extra, kind", [
     ({"image_proj.latents": np.zeros((1, 16, 32), np.float32)},
      "IP-Adapter Plus of a layout sdrt does not know (no image_proj.proj_in.weight)"),
-    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)}, "FaceID (it reads a face embedding made by "
-                                                                   "InsightFace, the insightface package"),
-    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)}, "FaceID (it reads a face embedding"),
-    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)}, "FaceID"),
+    ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32)},
+     "IP-Adapter FaceID of a layout sdrt does not know (no image_proj.proj.0.bias)"),
+    ({"ip_adapter.1.to_q_lora.down.weight": np.zeros((4, 32), np.float32)},
+     "IP-Adapter with LoRA weights of a kind sdrt does not know"),
+    ({"image_proj.perceiver_resampler.proj_in.weight": np.zeros((32, 32), np.float32)},
+     "IP-Adapter FaceID Plus of a layout sdrt does not know (no image_proj.proj.0.weight)"),
     ({"image_proj.proj.0.weight": np.zeros((32, 32), np.float32), "image_proj.proj.3.weight": np.ones(32, np.float32)},
      "Full Face of a layout sdrt does not know (no image_proj.proj.0.bias)")])
 def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, extra, kind):
-    """FaceID (LoRA, FaceID Plus's perceiver_resampler, FaceID Portrait's MLP of the face embedding beside
-    image_proj.norm) by name; a Plus or Full Face file missing a key, naming it."""
+    """A Plus, Full Face, FaceID (an MLP of the face embedding beside image_proj.norm) or FaceID Plus
+    (perceiver_resampler) file missing a key, naming it; LoRA keys without a FaceID projection by what they are."""
     if "image_proj.proj.3.weight" in extra:  # Full Face has no image_proj.proj / norm
         path = _adapter(tmp_path / "w.safetensors", 32, extra=extra)
         w = Weights.open(path)
@@ -187,7 +189,7 @@ def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, 
     else:
         _adapter(tmp_path / "v.safetensors", 32, extra=extra)
     _refused(ModelError, unit(tmp_path / "v.safetensors"), kind, "does not run",
-             "runs the base IP-Adapter, IP-Adapter Plus and Full Face", "ip-adapter-plus_sd15",
+             "runs the base IP-Adapter, IP-Adapter Plus, Full Face, FaceID and FaceID Plus", "ip-adapter-plus_sd15",
              "ip-adapter-full-face_sd15")
 
 

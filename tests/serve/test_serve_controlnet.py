@@ -248,8 +248,9 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
     ({"model": "controlnet", "module": "depth_midas"}, 400, "module", "is not one of sdrt's"),
     ({"model": "controlnet", "module": "inpaint_only"}, 400, "module", "needs the inpaint ControlNet"),
-    ({"model": "controlnet", "module": "ip-adapter_face_id_plus"}, 400, "module",
+    ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),
+    ({"model": "controlnet", "module": "ip-adapter_face_id_plus"}, 400, "model", "is no IP-Adapter file"),
     # an IP-Adapter module reads an adapter file (tests/serve/test_serve_ipadapter.py), not a ControlNet
     ({"model": "controlnet", "module": "ip-adapter_clip_sd15"}, 400, "model", "is no IP-Adapter file"),
     ({"model": "controlnet", "resize_mode": 7}, 400, "resize_mode", "resize_mode must be 0, 1, 2"),

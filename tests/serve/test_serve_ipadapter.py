@@ -180,7 +180,8 @@ def test_a_module_naming_the_other_encoder_is_refused(tmp_path) -> None:
 
 
 @pytest.mark.parametrize("unit, field, words", [
-    (_unit(module="ip-adapter_face_id"), "module", "IP-Adapter variant sdrt does not build"),
+    (_unit(module="ip-adapter_face_id"), "module", "it is no FaceID adapter"),
+    (_unit(module="ip-adapter_face_id_portrait"), "module", "IP-Adapter variant sdrt does not build"),
     (_unit(model="nothing_here"), "model", "no ControlNet model named"),
     (_unit(model="ip-adapter_sdxl_vit-h"), "model", "and the model is SD 1.x"),
     (_unit(image=None), "image", "needs its picture"),

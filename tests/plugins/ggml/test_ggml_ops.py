@@ -44,6 +44,15 @@ def test_clip_hardsigmoid_leaky():
     check(m, {"x": x})
 
 
+@pytest.mark.parametrize("slope_shape", [(3, 1, 1), (1,), (1, 3, 5, 5)])
+def test_prelu(slope_shape):
+    """PRelu with a per-channel slope (ArcFace's iResNet, InsightFace's w600k_r50.onnx), a scalar one, a full one."""
+    x = rand(1, 3, 5, 5) * 4
+    m = make_model([mk("PRelu", ["x", "slope"], ["y"])], {"x": (x.shape, F)}, {"y": (None, F)},
+                   {"slope": rand(*slope_shape, seed=2)})
+    check(m, {"x": x})
+
+
 @pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
 @pytest.mark.parametrize("sa,sb", [((2, 3, 4), (2, 3, 4)), ((2, 3, 4), (4,)), ((4,), (2, 3, 4)),
                                    ((2, 1, 4), (1, 3, 1)), ((1, 3, 1, 1), (2, 3, 5, 5))])

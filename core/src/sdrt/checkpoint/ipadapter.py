@@ -33,8 +33,16 @@ The ViT-bigG/14 adapters (``sdxl_models/ip-adapter_sdxl``, ``models/ip-adapter_s
 and ``num_hidden_layers``; by its tensors when it comes without one), never by the adapter's name; an encoder that
 does not give what the adapter reads is refused before anything runs, naming both and the folder to pass.
 
-FaceID adapters are refused by name: they read InsightFace's face embeddings (the ``insightface`` package's
-face recognition model, which sdrt does not have) and bring LoRA weights.
+IP-Adapter FaceID (h94/IP-Adapter-FaceID's ``ip-adapter-faceid_sd15`` / ``_sdxl``, ``.bin`` or ``.safetensors``)
+has h94's ``MLPProjModel`` of a face embedding (diffusers' ``IPAdapterFaceIDImageProjection``: ``image_proj.proj.0``
+Linear, GELU, ``proj.2`` Linear to 4 tokens, ``image_proj.norm`` LayerNorm); FaceID Plus (``ip-adapter-faceid-plusv2_
+sd15`` / ``_sdxl``, and v1's ``ip-adapter-faceid-plus_sd15``) ``ProjModelFaceIdPlus`` (diffusers'
+``IPAdapterFaceIDPlusImageProjection``): those 4 tokens are the latents of a perceiver (``image_proj.
+perceiver_resampler.*``, the Plus Resampler's blocks) over the ViT-H/14 hidden states of the aligned face, plus the
+tokens themselves times ``s_scale`` when ``shortcut`` (v2). The face embedding is InsightFace's, which
+:mod:`sdrt.pipelines.faces` computes from its ONNX files. The files' own LoRA keys (``ip_adapter.N.to_q_lora...``)
+are left out, as diffusers' ``load_ip_adapter`` leaves them: the LoRA is the ``..._lora.safetensors`` beside the
+adapter, an ordinary LoRA. FaceID Portrait (16 tokens of several faces) is refused by name.
 """
 
 from __future__ import annotations
@@ -103,17 +111,48 @@ class IPAdapterFile:
     weights: Weights
     layers: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: "plus": a Resampler reading the encoder's penultimate hidden states; "full": Full Face's MLP of them (a
-    #: token per encoder token; ``tokens`` 0); "base": ``image_embeds``
+    #: token per encoder token; ``tokens`` 0); "base": ``image_embeds``; "faceid": an MLP of a face embedding
+    #: (``image_dim`` its width); "faceid_plus": that and a perceiver over the hidden states (``clip_dim`` wide)
     kind: str = "base"
+    clip_dim: int | None = None
 
     @property
     def label(self) -> str:
-        return f"an {BASE_LABELS[self.base]} IP-Adapter" + {"plus": " Plus", "full": " Full Face"}.get(self.kind, "")
+        return f"an {BASE_LABELS[self.base]} IP-Adapter" + {"plus": " Plus", "full": " Full Face", "faceid": " FaceID",
+                                                             "faceid_plus": " FaceID Plus"}.get(self.kind, "")
+
+    @property
+    def face(self) -> bool:
+        """Whether it reads InsightFace's face embedding (FaceID, FaceID Plus)."""
+        return self.kind in ("faceid", "faceid_plus")
 
     @property
     def reads(self) -> str:
         """What of the encoder the projection reads: ``image_embeds`` or ``hidden states`` (the penultimate)."""
         return "image embeds" if self.kind == "base" else "hidden states"
+
+    @property
+    def encoder_width(self) -> int | None:
+        """The width of what it reads of the image encoder (None: FaceID reads no image encoder)."""
+        return None if self.kind == "faceid" else self.clip_dim if self.kind == "faceid_plus" else self.image_dim
+
+    def project_face(self, face: np.ndarray, hidden: np.ndarray | None = None, shortcut: bool = False,
+                     s_scale: float = 1.0) -> np.ndarray:
+        """FaceID's ``[rows, 512]`` face embeddings -> ``[rows, tokens, cross]``; FaceID Plus: those tokens through its
+        perceiver over ``hidden`` (``[rows, encoder tokens, clip_dim]``), plus the tokens times ``s_scale`` when
+        ``shortcut``."""
+        w = self.weights
+
+        def mat(name: str) -> np.ndarray:
+            return w.get_array(name, np.float32)
+
+        x = np.asarray(face, np.float32) @ mat("image_proj.proj.0.weight").T + mat("image_proj.proj.0.bias")
+        x = _gelu(x) @ mat("image_proj.proj.2.weight").T + mat("image_proj.proj.2.bias")
+        x = _layer_norm(x.reshape(x.shape[0], self.tokens, self.cross), w, "image_proj.norm").astype(np.float32)
+        if self.kind != "faceid_plus":
+            return x
+        out = resample(w, hidden, latents=x, prefix="image_proj.perceiver_resampler")
+        return (x + np.float32(s_scale) * out).astype(np.float32) if shortcut else out
 
     def project(self, image_embeds: np.ndarray) -> np.ndarray:
         """diffusers' ``ImageProjection``: ``[rows, image_dim]`` -> ``[rows, tokens, cross]`` (float32); Plus: its
@@ -154,20 +193,22 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return (x * 0.5 * (1.0 + erf)).astype(np.float32)
 
 
-def resample(w: Weights, hidden: np.ndarray) -> np.ndarray:
+def resample(w: Weights, hidden: np.ndarray, latents: np.ndarray | None = None, prefix: str = "image_proj"
+             ) -> np.ndarray:
     """diffusers' ``IPAdapterPlusImageProjection`` on h94's keys: ``[rows, encoder tokens, image_dim]`` -> ``[rows,
     queries, cross]``. Per block ``N``: the latents attend (64 channels a head, no biases) to the layer-normed
     hidden states and themselves (``layers.N.0``: ``norm1`` / ``norm2``, ``to_q``, ``to_kv`` split in two,
-    ``to_out``), then a GELU feed-forward (``layers.N.1.0`` LayerNorm, ``.1``, ``.3``), each added to its input."""
+    ``to_out``), then a GELU feed-forward (``layers.N.1.0`` LayerNorm, ``.1``, ``.3``), each added to its input.
+    FaceID Plus's perceiver (``prefix`` ``image_proj.perceiver_resampler``) is the same with given ``latents``."""
     def mat(name: str) -> np.ndarray:
         return w.get_array(name, np.float32)
 
-    x = np.asarray(hidden, np.float32) @ mat("image_proj.proj_in.weight").T + mat("image_proj.proj_in.bias")
+    x = np.asarray(hidden, np.float32) @ mat(f"{prefix}.proj_in.weight").T + mat(f"{prefix}.proj_in.bias")
     rows = x.shape[0]
-    lat = np.repeat(mat("image_proj.latents"), rows, axis=0)
+    lat = np.repeat(mat(f"{prefix}.latents"), rows, axis=0) if latents is None else np.asarray(latents, np.float32)
     n = 0
-    while f"image_proj.layers.{n}.0.to_q.weight" in w:
-        a, f = f"image_proj.layers.{n}.0", f"image_proj.layers.{n}.1"
+    while f"{prefix}.layers.{n}.0.to_q.weight" in w:
+        a, f = f"{prefix}.layers.{n}.0", f"{prefix}.layers.{n}.1"
         xs, ls = _layer_norm(x, w, f"{a}.norm1"), _layer_norm(lat, w, f"{a}.norm2")
         q = ls @ mat(f"{a}.to_q.weight").T
         k, v = np.split(np.concatenate([xs, ls], 1) @ mat(f"{a}.to_kv.weight").T, 2, axis=-1)
@@ -179,8 +220,8 @@ def resample(w: Weights, hidden: np.ndarray) -> np.ndarray:
         h = _gelu(_layer_norm(lat, w, f"{f}.0") @ mat(f"{f}.1.weight").T)
         lat = h @ mat(f"{f}.3.weight").T + lat
         n += 1
-    out = lat @ mat("image_proj.proj_out.weight").T + mat("image_proj.proj_out.bias")
-    return _layer_norm(out, w, "image_proj.norm_out").astype(np.float32)
+    out = lat @ mat(f"{prefix}.proj_out.weight").T + mat(f"{prefix}.proj_out.bias")
+    return _layer_norm(out, w, f"{prefix}.norm_out").astype(np.float32)
 
 
 def full_face(w: Weights, hidden: np.ndarray) -> np.ndarray:
@@ -211,23 +252,39 @@ def is_full(keys: list[str]) -> bool:
     return "image_proj.proj.3.weight" in keys and "image_proj.norm.weight" not in keys
 
 
-FACEID = ("an IP-Adapter FaceID (it reads a face embedding made by InsightFace, the insightface package's face "
-          "recognition model, which sdrt does not have, and the Plus FaceID ones an image encoder's too, and brings "
-          "LoRA weights)")
+#: FaceID's projection (h94's layout), FaceID Plus's perceiver besides its blocks
+FACEID_KEYS = tuple(f"image_proj.{n}.{p}" for n in ("proj.0", "proj.2", "norm") for p in ("weight", "bias"))
+PERCEIVER_KEYS = tuple(k.replace("image_proj.", "image_proj.perceiver_resampler.") for k in PLUS_KEYS[1:])
+PORTRAIT = "an IP-Adapter FaceID Portrait (16 tokens of several face embeddings)"
+
+
+def is_faceid(keys: list[str]) -> bool:
+    """IP-Adapter FaceID (or FaceID Plus): an MLP of the face embedding (``image_proj.proj.0`` / ``proj.2``) then
+    ``image_proj.norm``, no Full Face ``proj.3``."""
+    return ("image_proj.proj.0.weight" in keys and "image_proj.norm.weight" in keys
+            and "image_proj.proj.3.weight" not in keys) or any(
+        k.startswith("image_proj.perceiver_resampler.") for k in keys)
 
 
 def variant(keys: list[str]) -> str | None:
-    """What an IP-Adapter file is when sdrt does not build it (a label), else None (base, Plus or Full Face)."""
-    if any("lora" in k for k in keys) or any(k.startswith("image_proj.perceiver_resampler") for k in keys):
-        return FACEID
+    """What an IP-Adapter file is when sdrt does not build it (a label), else None (base, Plus, Full Face, FaceID,
+    FaceID Plus)."""
+    if is_faceid(keys):
+        plus = any(k.startswith("image_proj.perceiver_resampler.") for k in keys)
+        missing = [k for k in (*FACEID_KEYS, *((*PERCEIVER_KEYS, "image_proj.perceiver_resampler.layers.0.0.to_q."
+                                                "weight") if plus else ())) if k not in keys]
+        return (f"an IP-Adapter FaceID{' Plus' if plus else ''} of a layout sdrt does not know (no {missing[0]})"
+                if missing else None)
+    if any("lora" in k for k in keys):
+        return "an IP-Adapter with LoRA weights of a kind sdrt does not know (no FaceID image_proj.proj.0 / norm)"
     if is_plus(keys):
         missing = [k for k in (*PLUS_KEYS, "image_proj.layers.0.0.to_q.weight") if k not in keys]
         return f"an IP-Adapter Plus of a layout sdrt does not know (no {missing[0]})" if missing else None
     if is_full(keys):
         missing = [k for k in FULL_KEYS if k not in keys]
         return f"an IP-Adapter Full Face of a layout sdrt does not know (no {missing[0]})" if missing else None
-    if any(k.startswith("image_proj.proj.0.") for k in keys):  # FaceID Portrait: an MLP of the face embedding
-        return FACEID
+    if any(k.startswith("image_proj.proj.0.") for k in keys):
+        return "an IP-Adapter of a kind sdrt does not know (an image_proj.proj.0 MLP without image_proj.norm)"
     if "image_proj.proj.weight" not in keys or "image_proj.norm.weight" not in keys:
         return ("an IP-Adapter of a kind sdrt does not know (no image_proj.proj / image_proj.norm, nor a Plus "
                 "Resampler's image_proj.latents)")
@@ -258,9 +315,10 @@ def check_file(p: Path, what: str = "ip_adapter") -> Weights:
     kind = variant(keys)
     if kind is not None:
         raise ModelError(f"{p.name} is {kind}, which sdrt does not run; it runs the base IP-Adapter, IP-Adapter "
-                         "Plus and Full Face", where=str(p), fix=f"pass the base adapter ({EXAMPLES['sd1']}, or "
-                         f"{EXAMPLES['sdxl']}, ip-adapter_sdxl), a Plus one (ip-adapter-plus_sd15, "
-                         "ip-adapter-plus-face_sd15, ip-adapter-plus_sdxl_vit-h) or ip-adapter-full-face_sd15")
+                         "Plus, Full Face, FaceID and FaceID Plus", where=str(p), fix=f"pass the base adapter "
+                         f"({EXAMPLES['sd1']}, or {EXAMPLES['sdxl']}, ip-adapter_sdxl), a Plus one (ip-adapter-plus_sd15, "
+                         "ip-adapter-plus-face_sd15, ip-adapter-plus_sdxl_vit-h), ip-adapter-full-face_sd15, or a "
+                         "FaceID one (ip-adapter-faceid_sd15, ip-adapter-faceid-plusv2_sd15)")
     return w
 
 
@@ -273,8 +331,18 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
     w = check_file(p, what)
     shapes = w.shapes()
     keys = list(shapes)
-    plus, full = is_plus(keys), is_full(keys)
-    if plus:  # [1, queries, hidden] latents; proj_in [hidden, image_dim]: as [tokens * cross, image_dim] below
+    plus, full, face = is_plus(keys), is_full(keys), is_faceid(keys)
+    clip_dim = None
+    if face:  # proj.0 [2 * face, face], proj.2 [tokens * cross, 2 * face]: 4 tokens (Portrait: 16, refused)
+        cross = int(shapes["image_proj.norm.weight"][0])
+        proj = (int(shapes["image_proj.proj.2.weight"][0]), int(shapes["image_proj.proj.0.weight"][1]))
+        if "image_proj.perceiver_resampler.proj_in.weight" in shapes:
+            clip_dim = int(shapes["image_proj.perceiver_resampler.proj_in.weight"][1])
+        if proj[0] == 16 * cross and clip_dim is None:
+            raise ModelError(f"{p.name} is {PORTRAIT}, which sdrt does not run", where=str(p),
+                             fix=f"pass {{@{what}}} ip-adapter-faceid_sd15 or ip-adapter-faceid-plusv2_sd15 (or their "
+                                 "_sdxl ones)")
+    elif plus:  # [1, queries, hidden] latents; proj_in [hidden, image_dim]: as [tokens * cross, image_dim] below
         cross = int(shapes["image_proj.norm_out.weight"][0])
         proj = (int(shapes["image_proj.latents"][1]) * cross, int(shapes["image_proj.proj_in.weight"][1]))
     elif full:  # proj.0 [image_dim, image_dim], proj.2 [cross, image_dim]: a token per encoder token (0 below)
@@ -311,14 +379,15 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
                          + model, where=str(p), fix=f"pass {{@{what}}} an IP-Adapter made for the model (e.g. "
                          f"{EXAMPLES.get(base or 'sd1', EXAMPLES['sd1'])})")
     ad = IPAdapterFile(p, found, int(proj[1]), int(proj[0]) // cross, cross, w, layers,
-                       "plus" if plus else "full" if full else "base")
+                       ("faceid_plus" if clip_dim else "faceid") if face else "plus" if plus else "full" if full
+                       else "base", clip_dim)
     if base is not None and (base != found or text_width is not None and cross != text_width):
         want = BASE_LABELS.get(base, base)
         raise ModelError(f"{p.name} is {ad.label}, and the model is {want}", where=str(p),
                          fix=f"pass {{@{what}}} an IP-Adapter made for {want}"
                              + (f" (e.g. {EXAMPLES[base]})" if base in EXAMPLES else ""))
     log.info("%s: %s, %d cross-attention layers, %s image tokens from %d-wide %s", p.name, ad.label,
-             len(layers), ad.tokens or "per encoder token", ad.image_dim, ad.reads)
+             len(layers), ad.tokens or "per encoder token", ad.image_dim, "face embeddings" if face else ad.reads)
     return ad
 
 
@@ -531,13 +600,14 @@ def check_encoder(ad: IPAdapterFile, enc: ImageEncoder, what: str = "image_encod
     """One ``ModelError`` (on ``what``) when the encoder does not give what the adapter reads, as wide as it reads
     it, naming both and the encoder to pass; nothing when it does (or cannot be told before it runs)."""
     got = enc.embed_dim if ad.kind == "base" else enc.hidden_dim
-    if got is None or got == ad.image_dim:
+    width = ad.encoder_width
+    if got is None or width is None or got == width:
         return
-    want, have = kind_for(ad.reads, ad.image_dim), kind_for(ad.reads, got)
+    want, have = kind_for(ad.reads, width), kind_for(ad.reads, got)
     mine = f" ({have.label})" if have is not None and enc.label in (None, have.label) else (
         f" ({enc.label})" if enc.label else "")
     raise ModelError(f"the image encoder {_name(enc.path)}{mine} gives {got}-wide {ad.reads} and {ad.path.name} "
-                     f"reads {ad.image_dim}-wide ones" + (f" (an OpenCLIP {want.label}'s)" if want else ""),
+                     f"reads {width}-wide ones" + (f" (an OpenCLIP {want.label}'s)" if want else ""),
                      where=what, fix=f"pass {{@{what}}} the encoder {ad.path.name} was trained with" + (
                          f": the {want.label}, h94/IP-Adapter's {want.h94} folder (ComfyUI's clip_vision/"
                          f"{want.comfy})" if want else ""))
@@ -573,7 +643,9 @@ def adapter_reads(path: Path) -> tuple[str, int] | None:
     except (OSError, ValueError, SdrtError):
         return None
     keys = list(shapes)
-    for reads, name, ok in (("hidden states", "image_proj.proj_in.weight", is_plus(keys)),
+    for reads, name, ok in (("hidden states", "image_proj.perceiver_resampler.proj_in.weight", True),
+                            ("face", "image_proj.proj.0.weight", is_faceid(keys)),
+                            ("hidden states", "image_proj.proj_in.weight", is_plus(keys)),
                             ("hidden states", "image_proj.proj.0.weight", is_full(keys)),
                             ("image embeds", "image_proj.proj.weight", True)):
         if ok and name in shapes and len(shapes[name]) == 2:

@@ -93,6 +93,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "sdxl_models/image_encoder, ViT-bigG/14, for ip-adapter_sdxl; default: of image_encoder/ "
                         "beside the adapter, models/image_encoder and sdxl_models/image_encoder, the one that gives "
                         "what the adapter reads); adapters of one encoder encode their pictures in one call")
+    i.add_argument("--face-models", action="append", default=[], metavar="DIR",
+                   help="for the FaceID adapters (ip-adapter-faceid_sd15, ip-adapter-faceid-plusv2_sd15, their _sdxl "
+                        "ones): InsightFace's buffalo_l folder (det_10g.onnx, w600k_r50.onnx), or the folder holding it "
+                        "as sd-webui-controlnet (annotator/downloads/insightface/models/buffalo_l) or ComfyUI "
+                        "(models/insightface/models/buffalo_l) keep it; run on the chosen backend. FaceID's LoRA "
+                        "(..._lora.safetensors) is passed with --lora")
+    i.add_argument("--ip-adapter-s-scale", action="append", type=float, default=[], metavar="X",
+                   help="FaceID Plus v2's s_scale: how much of the face embedding's own tokens are added (default 1)")
     h = p.add_argument_group("hires fix (A1111's)")
     h.add_argument("--hires-scale", type=float, default=None, metavar="X", help="turn it on: upscale by X (e.g. 2)")
     h.add_argument("--hires-steps", type=int, default=None, metavar="N", help="second-pass steps (0: as the first)")
@@ -153,7 +161,8 @@ def _per_unit(values: list[Any], n: int, flag: str) -> list[Any]:
 
 #: the IP-Adapter flags besides --ip-adapter, by the field the pipeline's errors name (sdrt.pipelines.ipadapter)
 _IP_FLAGS = (("image", "ip_adapter_image"), ("scale", "ip_adapter_scale"), ("start", "ip_adapter_start"),
-             ("end", "ip_adapter_end"), ("image_encoder", "image_encoder"))
+             ("end", "ip_adapter_end"), ("image_encoder", "image_encoder"), ("face_models", "face_models"),
+             ("s_scale", "ip_adapter_s_scale"))
 
 
 def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
@@ -184,11 +193,13 @@ def _ip_adapters(args: argparse.Namespace, opts: dict[str, Any]) -> None:
 
     from ..pipelines.ipadapter import IPAdapter, field_name
 
-    scales, starts, ends, encoders = (each(k) for k in ("ip_adapter_scale", "ip_adapter_start", "ip_adapter_end",
-                                                         "image_encoder"))
+    scales, starts, ends, encoders, faces, s_scales = (
+        each(k) for k in ("ip_adapter_scale", "ip_adapter_start", "ip_adapter_end", "image_encoder", "face_models",
+                          "ip_adapter_s_scale"))
     units = [IPAdapter(f, image=img, scale=1.0 if sc is None else sc, image_encoder=enc,
-                       start=0.0 if st is None else st, end=1.0 if en is None else en)
-             for f, img, sc, st, en, enc in zip(files, images, scales, starts, ends, encoders)]
+                       start=0.0 if st is None else st, end=1.0 if en is None else en, face_models=fm,
+                       s_scale=1.0 if ss is None else ss)
+             for f, img, sc, st, en, enc, fm, ss in zip(files, images, scales, starts, ends, encoders, faces, s_scales)]
     opts["ip_adapter"] = units[0] if n == 1 else units
     if n > 1:  # the pipeline names adapter j's fields ip_adapter[j] ...: errors say which flag, and which one
         names = {field_name("", j, n): f"the {_ordinal(j + 1)} --ip-adapter" for j in range(n)}

@@ -254,6 +254,8 @@ class ToolboxMixin:
             part.close()
         for up in self.__dict__.pop("_upscalers", {}).values():  # the hires fix's model upscaler
             up.close()
+        for models in self.__dict__.pop("_face_models", {}).values():  # FaceID's InsightFace graphs
+            models.close()
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor

@@ -57,7 +57,14 @@ class IPAdapter:
     ``i`` of ``n`` is on unless ``i / n < start or (i + 1) / n > end``, diffusers' ``controlnet_keep``) or
     ``"a1111"`` (sd-webui-controlnet's, for ControlNet and IP-Adapter units alike: on while ``start <= i / n <= end``).
     ``ip_adapter=`` takes one or a list: several adapters add their attentions, summed (diffusers' ``load_ip_adapter``
-    with lists)."""
+    with lists).
+
+    FaceID adapters (``ip-adapter-faceid_sd15``, ``ip-adapter-faceid-plusv2_sd15`` and their ``_sdxl`` ones) read the
+    face InsightFace finds in ``image``: ``face_models`` is InsightFace's ``buffalo_l`` folder (``det_10g.onnx``,
+    ``w600k_r50.onnx``; or a models folder holding it as sd-webui-controlnet or ComfyUI keep it), run on the
+    pipeline's backend (:mod:`sdrt.pipelines.faces`). FaceID Plus also encodes the face aligned to 224x224 with
+    ``image_encoder`` (ViT-H/14); ``shortcut`` (None: on for a file named ``...v2...``, as sd-webui-controlnet decides
+    it) adds the face tokens times ``s_scale`` to its output (h94's FaceID Plus v2)."""
 
     adapter: Any
     image: Any
@@ -66,11 +73,15 @@ class IPAdapter:
     start: float = 0.0
     end: float = 1.0
     window: str = "diffusers"
+    face_models: Any = None
+    shortcut: bool | None = None
+    s_scale: float = 1.0
 
 
 #: the argument names of one adapter's fields (a single adapter: the CLI's flags; several: ``ip_adapter[j] scale``)
 _SINGLE = {"": "ip_adapter", "image": "ip_adapter_image", "scale": "ip_adapter_scale", "start": "ip_adapter_start",
-           "end": "ip_adapter_end", "image_encoder": "image_encoder"}
+           "end": "ip_adapter_end", "image_encoder": "image_encoder", "face_models": "face_models",
+           "s_scale": "ip_adapter_s_scale"}
 
 
 def field_name(name: str, j: int, n: int) -> str:
@@ -128,6 +139,17 @@ def _parse_one(value: Any, j: int, n: int) -> IPAdapter:
                          f"{type(unit.image_encoder).__name__}", where=f("image_encoder"),
                          fix=f"pass {_said(f('image_encoder'))} h94/IP-Adapter's models/image_encoder folder, or leave "
                              "it out")
+    if unit.face_models is not None and not isinstance(unit.face_models, (str, os.PathLike)):
+        raise InputError(f"the IP-Adapter's face models must be a folder path, got {type(unit.face_models).__name__}",
+                         where=f("face_models"), fix=f"pass {_said(f('face_models'))} InsightFace's buffalo_l folder")
+    if unit.shortcut is not None and not isinstance(unit.shortcut, bool):
+        raise InputError(f"the IP-Adapter's shortcut must be True, False or None, got {unit.shortcut!r:.40}",
+                         where=f(""), fix="pass shortcut=True (FaceID Plus v2), False (v1) or leave it out")
+    ss = unit.s_scale
+    if isinstance(ss, bool) or not isinstance(ss, (int, float, np.floating)) or not math.isfinite(float(ss)):
+        raise InputError(f"the FaceID Plus s_scale must be a number, got {ss!r:.40}", where=f("s_scale"),
+                         fix=f"pass {_said(f('s_scale'))} a number such as 1.0")
+    unit.s_scale = float(ss)
     s = unit.scale
     if isinstance(s, bool) or not isinstance(s, (int, float, np.floating)) or not math.isfinite(float(s)):
         raise InputError(f"the IP-Adapter scale must be a number, got {s!r}", where=f("scale"),
@@ -268,13 +290,21 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
     text = pipe.denoiser.inputs.get(pipe.family.text_input)
     width = text.shape[-1] if text is not None and isinstance(text.shape[-1], int) else None
     n = len(units)
-    opened: list[tuple[IPAdapterFile, ImageEncoder]] = []
+    opened: list[tuple[IPAdapterFile, ImageEncoder | None]] = []
+    faces: dict[int, tuple[np.ndarray, np.ndarray | None]] = {}
     for j, unit in enumerate(units):
         try:  # said on the argument (--ip-adapter, a server unit's model field); the message names the file
             ad = open_ip_adapter(unit.adapter, base=family, text_width=width)
         except ModelError as exc:  # the fix names this adapter's argument too (ip_adapter[1] of several)
             raise ModelError(exc.what, where=field_name("", j, n),
                              fix=_own_words(exc.fix, "ip_adapter", field_name("", j, n))) from exc
+        if not ad.face and unit.face_models is not None:  # a flag given once is every adapter's (the CLI's rule)
+            log.info("%s is %s: it reads no face embedding, face_models left aside", ad.path.name, ad.label)
+        if ad.face:
+            faces[j] = face_inputs(pipe, ad, unit, j, n)
+            if ad.kind == "faceid":
+                opened.append((ad, None))
+                continue
         where = field_name("image_encoder", j, n)
         try:
             enc = open_image_encoder(unit.image_encoder if unit.image_encoder is not None
@@ -287,13 +317,18 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
             raise ModelError(exc.what, where=where, fix=_own_words(exc.fix, "image_encoder", where)) from exc
         opened.append((ad, enc))
     groups: dict[tuple[Any, ...], list[int]] = {}
-    for j, (_, enc) in enumerate(opened):
-        groups.setdefault(encoder_key(enc), []).append(j)
     preps: dict[int, Prepared] = {}
+    for j, (ad, enc) in enumerate(opened):
+        if enc is None:  # FaceID: its face embedding alone, the negative pass zeros (diffusers' zeros_like)
+            emb = faces[j][0]
+            tokens = ad.project_face(np.stack([emb, np.zeros_like(emb)]))
+            preps[j] = Prepared(ad, units[j].scale, tokens[:1], tokens[1:], j, units[j])
+            continue
+        groups.setdefault(encoder_key(enc), []).append(j)
     names = {}
     for g, (key, js) in enumerate(groups.items()):
         names[key] = "image_encoder" if g == 0 else f"image_encoder_{g + 1}"
-        preps.update(encode_group(pipe, opened, units, js, names[key]))
+        preps.update(encode_group(pipe, opened, units, js, names[key], faces))
     drop = [] if pipe._dry else [k for k in pipe.__dict__.get("_ip_encoders", {}) if k not in names]
     for k in drop:  # an encoder no adapter of this job reads: its sessions go (one set of encoders held at a time)
         pipe.__dict__["_ip_encoders"].pop(k).close()
@@ -315,18 +350,72 @@ def encoder_key(enc: ImageEncoder) -> tuple[Any, ...]:
     return (str(enc.graph), str(Path(enc.path).resolve()), file_stamp(sources[0] if sources else enc.graph))
 
 
-def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder]], units: list[IPAdapter],
-                 js: list[int], name: str) -> dict[int, Prepared]:
-    """The adapters ``js`` sharing one encoder: their pictures (each distinct one once) and, when a Plus adapter
-    reads it, a zero picture after them, in one encoder call; each adapter's tokens of its rows."""
+def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
+                ) -> tuple[np.ndarray, np.ndarray | None]:
+    """A FaceID adapter's face embedding ``[512]`` of its picture's first face and, for FaceID Plus, the face aligned
+    to 224x224 (RGB, InsightFace's ``norm_crop``), which its image encoder reads."""
+    from .faces import ARCFACE_DST, Face, FaceModels, face_of, norm_crop
+    from .images import to_rgb
+
+    where = field_name("face_models", j, n)
+    if unit.face_models is None:
+        raise InputError(f"{Path(unit.adapter).name} is {ad.label}: it reads a face embedding made by InsightFace's "
+                         "models, and none were given", where=where,
+                         fix=f"pass {_said(where)} InsightFace's buffalo_l folder (det_10g.onnx and w600k_r50.onnx)")
+    own = pipe.__dict__.setdefault("_face_models", {})
+    key = str(Path(unit.face_models).resolve())
+    models = own.get(key)
+    if models is None:
+        models = own[key] = FaceModels(unit.face_models, backend=pipe.backend, device=pipe.device,
+                                       options=pipe.options, where=where)
+    rgb = to_rgb(unit.image, "IP-Adapter image", field_name("image", j, n))
+    if pipe._dry:  # the plan: the two graphs' calls recorded on twins; a face at the template's place
+        for attr in ("detector", "recognizer"):
+            part = getattr(models, attr)
+            twin = pipe._parts[part.name] = part.dry()
+            setattr(models, attr, twin)
+        try:
+            models.detect(rgb)
+            face = Face(np.zeros(4, np.float32), 1.0, ARCFACE_DST.copy())
+            emb = models.embed(rgb, face)
+        finally:
+            own.pop(key, None)
+        emb = np.nan_to_num(emb)
+    else:
+        try:
+            face, emb = face_of(models, rgb, field_name("image", j, n))
+        finally:
+            if pipe.is_low_memory:  # used once a job, as the image encoder: not held through the denoising
+                from .lowmem import release
+
+                release([models.detector, models.recognizer])
+    crop = norm_crop(rgb, face.kps, 224) if ad.kind == "faceid_plus" else None
+    return emb.astype(np.float32), crop
+
+
+def shortcut_of(unit: IPAdapter, ad: IPAdapterFile) -> bool:
+    """FaceID Plus's shortcut: as asked, else on for a v2 file (``...plusv2...``: sd-webui-controlnet's rule)."""
+    return unit.shortcut if unit.shortcut is not None else "v2" in ad.path.stem.lower()
+
+
+def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder | None]], units: list[IPAdapter],
+                 js: list[int], name: str, faces: dict[int, tuple[np.ndarray, np.ndarray | None]] | None = None
+                 ) -> dict[int, Prepared]:
+    """The adapters ``js`` sharing one encoder: their pictures (each distinct one once; FaceID Plus's aligned face)
+    and, when a Plus adapter reads it, a zero picture after them, in one encoder call; each adapter's tokens of its
+    rows."""
     from .images import to_rgb
 
     n = len(units)
+    faces = faces or {}
     enc = opened[js[0]][1]
+    assert enc is not None
     rows: list[np.ndarray] = []
     row_of: dict[int, int] = {}
     for j in js:
-        pixels = clip_pixels(to_rgb(units[j].image, "IP-Adapter image", field_name("image", j, n)), enc.image_size)
+        crop = faces[j][1] if j in faces else None
+        rgb = crop if crop is not None else to_rgb(units[j].image, "IP-Adapter image", field_name("image", j, n))
+        pixels = clip_pixels(rgb, enc.image_size)
         same = next((r for r, p in enumerate(rows) if np.array_equal(p, pixels)), None)
         if same is None:
             rows.append(pixels)
@@ -348,13 +437,18 @@ def encode_group(pipe: Any, opened: list[tuple[IPAdapterFile, ImageEncoder]], un
                                  fix=f"pass {_said(where)} h94/IP-Adapter's models/image_encoder folder (bound onto "
                                      "sdrt's shipped graph), or an ONNX export with that output (hidden_states[-2])")
             hidden = np.asarray(hidden, np.float32)
-            if hidden.ndim != 3 or hidden.shape[0] != len(rows) or hidden.shape[-1] != ad.image_dim:
+            if hidden.ndim != 3 or hidden.shape[0] != len(rows) or hidden.shape[-1] != ad.encoder_width:
                 raise ModelError(f"the image encoder gives hidden states of shape {list(hidden.shape[1:])} and "
-                                 f"{ad.path.name} reads [tokens, {ad.image_dim}]", where=where,
+                                 f"{ad.path.name} reads [tokens, {ad.encoder_width}]", where=where,
                                  fix=f"pass {_said(where)} the encoder the adapter was trained with (ViT-H/14 for "
                                      "ip-adapter-plus_sd15 and ip-adapter-plus_sdxl_vit-h: h94/IP-Adapter's "
                                      "models/image_encoder)")
-            tokens = ad.project(hidden[[r, len(rows) - 1]])
+            if ad.kind == "faceid_plus":
+                emb = faces[j][0]
+                tokens = ad.project_face(np.stack([emb, np.zeros_like(emb)]), hidden[[r, len(rows) - 1]],
+                                         shortcut_of(unit, ad), unit.s_scale)
+            else:
+                tokens = ad.project(hidden[[r, len(rows) - 1]])
             got[j] = Prepared(ad, unit.scale, tokens[:1], tokens[1:], j, unit)
             continue
         embeds = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
@@ -472,11 +566,31 @@ def window_hook(preps: list[Prepared], part: Part, state: Any) -> Any:
 MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "sdxl": "ip-adapter_clip_sdxl_plus_vith"}
 
 
+def face_module(adapter: Path) -> str | None:
+    """sd-webui-controlnet's module for a FaceID adapter file (``ip-adapter_face_id``, ``ip-adapter_face_id_plus``),
+    told by its header; None for any other file."""
+    from ..checkpoint.ipadapter import is_faceid
+    from ..errors import SdrtError
+    from ..weights import Weights
+
+    try:
+        keys = list(Weights.open(adapter).shapes())
+    except (OSError, ValueError, SdrtError):
+        return None
+    if not is_faceid(keys):
+        return None
+    plus = any(k.startswith("image_proj.perceiver_resampler.") for k in keys)
+    return "ip-adapter_face_id_plus" if plus else "ip-adapter_face_id"
+
+
 def module_name(unit: IPAdapter, family: str) -> str:
     """sd-webui-controlnet's module for the unit's encoder: ``ip-adapter_clip_g`` for the ViT-bigG/14 adapters, else
     the ViT-H/14 one of the family."""
     from ..checkpoint.ipadapter import adapter_reads, kind_for
 
+    face = face_module(Path(unit.adapter))
+    if face is not None:
+        return face
     reads = adapter_reads(Path(unit.adapter))
     kind = kind_for(*reads) if reads is not None else None
     if kind is not None and kind.graph == "clip_vision_g":

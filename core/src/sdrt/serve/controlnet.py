@@ -67,7 +67,8 @@ _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sam
           ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
-                         ", and the ViT-bigG/14 ones with ip-adapter_clip_g; FaceID needs InsightFace)"),
+                         ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
+                         "Plus with ip-adapter_face_id_plus)"),
           ("ip_adapter", "an IP-Adapter variant sdrt does not build (it runs ip-adapter_clip_sd15 / ip-adapter_clip_h "
                          "/ ip-adapter_clip_g)"),
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
@@ -78,7 +79,10 @@ _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sam
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
 IP_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_h", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter-auto",
-              "clip-vit-h (ipadapter)", "ip-adapter_clip_g", "ip-adapter_clip_sdxl", "clip-vit-bigg (ipadapter)")
+              "clip-vit-h (ipadapter)", "ip-adapter_clip_g", "ip-adapter_clip_sdxl", "clip-vit-bigg (ipadapter)",
+              "ip-adapter_face_id", "ip-adapter_face_id_plus")
+#: the extension's FaceID modules: InsightFace's face embedding (and, for Plus, ViT-H/14 of the aligned face)
+FACE_MODULES = ("ip-adapter_face_id", "ip-adapter_face_id_plus")
 #: the encoder an IP-Adapter module names (``ip-adapter-auto``: none, the adapter's own)
 IP_MODULE_ENCODERS = {"ip-adapter_clip_sd15": "ViT-H/14", "ip-adapter_clip_h": "ViT-H/14",
                       "ip-adapter_clip_sdxl_plus_vith": "ViT-H/14", "clip-vit-h (ipadapter)": "ViT-H/14",
@@ -293,7 +297,8 @@ def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max
         made.append(_ip_unit(unit, where, registry, model, max_pixels, init_image, IPAdapter))
         for name, field in (("", "model"), ("image", "image"), ("scale", "weight"), ("start", "guidance_start"),
                             ("end", "guidance_end" if unit.get("guidance_end") is not None or
-                             unit.get("guidance") is None else "guidance"), ("image_encoder", "model")):
+                             unit.get("guidance") is None else "guidance"), ("image_encoder", "model"),
+                            ("face_models", "module")):
             names[field_name(name, j, n)] = f"{where}.{field}"
     if n > 1:  # the adapters as a whole (the pipeline's "leave ip_adapter out"): the first unit's model, as for one
         names.setdefault("ip_adapter", names[field_name("", 0, n)])
@@ -315,7 +320,7 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
     except SdrtError as exc:
         text = f"{where}.model: {exc.what}" + (f"; {exc.fix}" if exc.fix else "")
         raise ApiError(400, text.replace("{@model}", f"{where}.model"), field=f"{where}.model") from None
-    _same_encoder(unit.get("module"), entry.path, f"{where}.module")
+    face = _same_encoder(unit.get("module"), entry.path, f"{where}.module")
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, _ = _image(unit.get(image_key), f"{where}.{image_key}", max_pixels)
     if image is None:
@@ -338,22 +343,60 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
     if start > end:
         raise ApiError(400, f"{where}.guidance_start {start:g} is after {where}.{end_key} {end:g}",
                        field=f"{where}.guidance_start")
-    encoder = _image_encoder(entry.path, registry, f"{where}.model")
-    return make(str(entry.path), image=image, scale=weight, image_encoder=str(encoder), start=start, end=end,
-                window="a1111")  # sd-webui-controlnet's step window: start <= i / n <= end, as its ControlNet units'
+    encoder = None if face == "ip-adapter_face_id" else str(_image_encoder(entry.path, registry, f"{where}.model"))
+    faces = str(_face_models(registry, f"{where}.module")) if face is not None else None
+    return make(str(entry.path), image=image, scale=weight, image_encoder=encoder, start=start, end=end,
+                window="a1111", face_models=faces)  # the extension's step window: start <= i / n <= end, as its
+    # ControlNet units'
 
 
-def _same_encoder(module: Any, adapter: Any, field: str) -> None:
-    """A 400 when the unit's module names one encoder (ViT-H/14, ViT-bigG/14) and the adapter reads the other's."""
+def _face_models(registry: Registry, field: str) -> Any:
+    """InsightFace's buffalo_l folder for a FaceID unit, where the tools keep it: the models folder's
+    ``insightface/models/buffalo_l`` (ComfyUI's, Forge's), or sd-webui-controlnet's
+    ``extensions/sd-webui-controlnet/annotator/downloads/insightface/models/buffalo_l`` beside it; 400 when none."""
+    from ..errors import SdrtError
+    from ..pipelines.faces import find_face_models
+
+    models = registry.models_dir
+    places = [] if models is None else [models, models.parent / "extensions" / "sd-webui-controlnet",
+                                        models.parent / "extensions" / "sd-webui-controlnet-main"]
+    for place in places:
+        try:
+            return find_face_models(place)
+        except SdrtError:
+            continue
+    raise ApiError(400, f"{field}: the FaceID modules read InsightFace's buffalo_l models (det_10g.onnx and "
+                        "w600k_r50.onnx), found in none of the models folder's insightface/models/buffalo_l nor "
+                        "sd-webui-controlnet's annotator/downloads/insightface/models/buffalo_l; put that folder "
+                        "there", field=field)
+
+
+def _same_encoder(module: Any, adapter: Any, field: str) -> str | None:
+    """A 400 when the unit's module names one encoder (ViT-H/14, ViT-bigG/14) and the adapter reads the other's, or
+    a FaceID module and another adapter (or the other way round); the FaceID module the adapter takes (None: none)."""
     from ..checkpoint.ipadapter import adapter_reads, kind_for
+    from ..pipelines.ipadapter import face_module
 
-    named = IP_MODULE_ENCODERS.get(str(module).strip().casefold())
+    text = str(module).strip().casefold()
+    takes = face_module(Path(adapter))
+    if takes is not None and text not in (takes, "ip-adapter-auto"):
+        raise ApiError(400, f"{field}: {Path(adapter).name} is a FaceID adapter (it reads InsightFace's face "
+                            f"embedding), and the module {module} does not give one; send module {takes}", field=field)
+    if takes is None and text in FACE_MODULES:
+        raise ApiError(400, f"{field}: the module {module} gives InsightFace's face embedding, which "
+                            f"{Path(adapter).name} does not read (it is no FaceID adapter); send module "
+                            "ip-adapter-auto, or a FaceID adapter (ip-adapter-faceid_sd15, "
+                            "ip-adapter-faceid-plusv2_sd15)", field=field)
+    if takes is not None:
+        return takes
+    named = IP_MODULE_ENCODERS.get(text)
     reads = adapter_reads(adapter)
     kind = kind_for(*reads) if reads is not None else None
     if named is not None and kind is not None and kind.label != named:
         use = next(m for m, e in IP_MODULE_ENCODERS.items() if e == kind.label)
         raise ApiError(400, f"{field}: the module {module} runs the {named} image encoder and {Path(adapter).name} "
                             f"reads {kind.label}'s {reads[0]}; send module {use} (or ip-adapter-auto)", field=field)
+    return None
 
 
 def _image_encoder(adapter: Any, registry: Registry, field: str) -> Any:
@@ -570,5 +613,5 @@ def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
     return ApiError(400, f"{field}: {what}" + (f"; {fix}" if fix else ""), field=field)
 
 
-__all__ = ["API_VERSION", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapters", "module_detail",
-           "module_list", "pose_files", "render_openpose_json", "script", "units"]
+__all__ = ["API_VERSION", "FACE_MODULES", "IP_MODULES", "MAX_UNITS", "MODULES", "detect", "ip_adapters",
+           "module_detail", "module_list", "pose_files", "render_openpose_json", "script", "units"]

@@ -176,3 +176,17 @@ def op_hard_swish(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
         return g.ggml_mul(lowering.ctx, t, g.ggml_clamp(lowering.ctx, g.ggml_scale_bias(lowering.ctx, t, 1.0 / 6.0, 0.5), 0.0, 1.0))
 
     return [GTensor(hs(x.ptr), x.shape, cl=hs(x.cl) if x.cl is not None else None)]
+
+
+@op("PRelu")
+def op_prelu(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
+    """``relu(x) - slope * relu(-x)``, the slope broadcast as numpy's (per channel ``[C, 1, 1]`` in ArcFace's
+    iResNet, InsightFace's ``w600k_r50.onnx``)."""
+    x = inputs[0]
+    if not isinstance(x, GTensor) or x.dtype != "float32":
+        raise ValueError("PRelu on a non-float tensor")
+    x = cont(lowering, x)
+    g = ggml_lib()
+    pos = GTensor(g.ggml_relu(lowering.ctx, x.ptr), x.shape)
+    neg = GTensor(g.ggml_relu(lowering.ctx, g.ggml_neg(lowering.ctx, x.ptr)), x.shape)
+    return [binary(lowering, "ggml_sub", pos, binary(lowering, "ggml_mul", neg, inputs[1], True), False)]
