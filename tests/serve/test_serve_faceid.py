@@ -119,6 +119,19 @@ def test_bad_faceid_units_are_400s_on_their_field(server, module, model, picture
     assert "\n" not in body["message"]
 
 
+def test_a_picture_sent_as_input_image_is_named_so_in_the_error(server) -> None:
+    """A unit with its picture in ``input_image`` (the extension's other name) and no face in it: the 400 names
+    ``input_image``, the field the client sent (it named ``image`` until 2026-12-01)."""
+    case = CASES["faceid/sd15/0.8"]
+    unit = _unit("ip-adapter_face_id", "ip-adapter-faceid_sd15", 1.0, ff.no_face_picture())
+    unit["input_image"] = unit.pop("image")
+    r = _post(server, _body(case, unit))
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert "finds no face" in body["message"] and "input_image" in body["message"], body
+    assert body.get("field") == "alwayson_scripts.controlnet.args[0].input_image", body
+
+
 def test_buffalo_l_is_found_in_sd_webui_controlnets_layout_or_refused(tmp_path) -> None:
     from sdrt.serve.controlnet import _face_models
     from sdrt.serve.errors import ApiError

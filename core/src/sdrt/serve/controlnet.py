@@ -295,7 +295,9 @@ def ip_adapters(body: dict[str, Any], registry: Registry, model: ModelEntry, max
     for j, (k, unit) in enumerate(found):
         where = f"alwayson_scripts.{key}.args[{k}]"
         made.append(_ip_unit(unit, where, registry, model, max_pixels, init_image, IPAdapter))
-        for name, field in (("", "model"), ("image", "image"), ("scale", "weight"), ("start", "guidance_start"),
+        image_key = "image" if unit.get("image") not in (None, "") or unit.get("input_image") in (None, "") \
+            else "input_image"  # the field the picture came in (A1111's older name too)
+        for name, field in (("", "model"), ("image", image_key), ("scale", "weight"), ("start", "guidance_start"),
                             ("end", "guidance_end" if unit.get("guidance_end") is not None or
                              unit.get("guidance") is None else "guidance"), ("image_encoder", "model"),
                             ("face_models", "module")):
