@@ -73,6 +73,12 @@ def hires_refiner_pass(value: Any, field: str) -> str:
                    field=field)
 
 
+def _set(overrides: dict[str, Any], key: str) -> bool:
+    """Whether ``override_settings`` sets ``key``: null and "" leave the server's option; any other value is checked
+    (0, false, [] or {} for a name was the server's option, silently)."""
+    return overrides.get(key) not in (None, "")
+
+
 def option_bool(overrides: dict[str, Any], options: dict[str, Any], key: str) -> bool:
     """A boolean A1111 option: the request's ``override_settings`` over the server's options (off when neither
     sets it); a value that is no boolean is a 422 naming ``override_settings.KEY``."""
@@ -170,8 +176,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         raise ApiError(400, f"seed {seed} leaves no room for {batch * n_iter} consecutive seeds below 2**32",
                        field="seed")
     overrides = get_dict(body, "override_settings")
-    model_name = overrides.get("sd_model_checkpoint") or options.get("sd_model_checkpoint")
-    model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name else registry.default
+    model_name = overrides.get("sd_model_checkpoint") if _set(overrides, "sd_model_checkpoint") \
+        else options.get("sd_model_checkpoint")
+    model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name not in (None, "") \
+        else registry.default
     clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
@@ -199,8 +207,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     for key in ("styles", "script_args"):
         get_list(body, key)
 
-    source = overrides.get("randn_source") or options.get("randn_source") or "CPU"
-    rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if overrides.get("randn_source")
+    source = overrides.get("randn_source") if _set(overrides, "randn_source") \
+        else options.get("randn_source") or "CPU"
+    rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if _set(overrides, "randn_source")
                                      else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
@@ -220,7 +229,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
-        if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
+        if _set(overrides, "hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
     by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
     refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
     # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
