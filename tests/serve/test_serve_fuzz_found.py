@@ -45,3 +45,34 @@ def test_an_empty_override_still_means_the_servers_option(client) -> None:
     r = client.post("/sdapi/v1/txt2img", json={**T2I, "override_settings": {"sd_model_checkpoint": "",
                                                                               "randn_source": None}})
     assert r.status_code == 200, r.text
+
+
+def test_a_samplers_own_step_check_names_sampler_name(client) -> None:
+    """UniPC needs two steps, which only the run finds (img2img runs steps x denoising_strength): the 400's field was
+    "sampler uni_pc", no request field, and the message named neither sampler_name nor the sampler as sent."""
+    message, field = _refused(client.post("/sdapi/v1/txt2img", json={**T2I, "sampler_name": "UniPC", "steps": 1}),
+                              400)
+    assert field == "sampler_name"
+    assert message == ("the model demo-a refused the request: sampler_name: uni_pc needs at least 2 steps, got 1; use "
+                       "more steps, or euler for a single step")
+
+
+def test_the_second_passs_sampler_check_names_hr_sampler_name(tmp_path) -> None:
+    """The same check in the hires. fix's second pass names the second pass's own sampler field."""
+    import shutil
+    from pathlib import Path
+
+    from starlette.testclient import TestClient
+
+    from sdrt.serve import ServeConfig, create_app
+
+    shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sdxl-dyn", tmp_path / "dyn")
+    body = {**T2I, "width": 32, "height": 32, "steps": 2, "enable_hr": True, "hr_scale": 2, "hr_upscaler": "Lanczos",
+            "hr_sampler_name": "UniPC", "hr_second_pass_steps": 1, "denoising_strength": 1}
+    with TestClient(create_app(ServeConfig(models=tmp_path, backend="openvino")), raise_server_exceptions=False) as c:
+        message, field = _refused(c.post("/sdapi/v1/txt2img", json=body), 400)
+        assert field == "hr_sampler_name" and "hr_sampler_name: uni_pc needs at least 2 steps" in message, message
+        body["sampler_name"] = "UniPC"  # both passes' sampler: the first pass's field
+        body["steps"] = 1
+        message, field = _refused(c.post("/sdapi/v1/txt2img", json=body), 400)
+        assert field == "sampler_name", message

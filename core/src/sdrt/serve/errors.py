@@ -62,10 +62,13 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
                              "sdrt generate --control-image or the Python API's control_image=",
                         field="alwayson_scripts")
     field = names.get(where, where) or None
+    kind = where.split(" ", 1)[0]
+    if where not in names and kind != where and kind in names:  # "sampler uni_pc": a sampler's own check, at run time
+        field = names[kind]
     # {@cfg} -> cfg_scale; a list item (controlnets[0]) -> the request's own (alwayson_scripts.controlnet.args[0])
     what, fix = _items(_render(what, names), names), _items(_render(fix, names), names) if fix else fix
-    if "[" in where and where in names and field and field not in what:  # a unit's threshold_a, which the
-        what = f"{field}: {what}"  # pipeline's message ("a down sampling rate of 500 ...") does not name
+    if ("[" in where and where in names or field != names.get(where, where)) and field and field not in what:
+        what = f"{field}: {what}"  # a unit's threshold_a ("a down sampling rate of 500 ..."), a sampler's step count
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 

@@ -242,6 +242,7 @@ def _public_error(exc: BaseException) -> ApiError:
 
         names = exc.args[1] if len(exc.args) > 1 else {}
         work = exc.args[2] if len(exc.args) > 2 else None
+        names = {**names, "sampler": _sampler_field(getattr(exc.__cause__, "where", None), work)}
         if work is not None and work.size_from and getattr(exc.__cause__, "where", None) in ("width", "height"):
             return ApiError(400, f"the model {exc.args[0]} refused the request: {_picture_size(exc.__cause__, work)}",
                             field=work.size_from.partition("[")[0])
@@ -263,6 +264,23 @@ def _public_error(exc: BaseException) -> ApiError:
         return ApiError(500, str(exc), kind=type(exc).__name__)
     return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving",
                     kind=type(exc).__name__)
+
+
+def _sampler_field(where: str | None, work: Work | None) -> str:
+    """The request field of the sampler a run-time sampler check names (``where``: "sampler uni_pc"):
+    ``hr_sampler_name`` when the hires. fix's second pass runs that sampler and the first pass another."""
+    from ..samplers.names import resolve
+
+    kwargs = getattr(work, "kwargs", None) or {}
+    if not (where or "").startswith("sampler ") or not kwargs.get("hires_sampler"):
+        return "sampler_name"
+    name = where.split(" ", 2)[1]
+    try:
+        first = resolve(kwargs.get("sampler") or "Euler", kwargs.get("schedule")).sampler
+        second = resolve(kwargs["hires_sampler"], kwargs.get("hires_schedule") or kwargs.get("schedule")).sampler
+    except SdrtError:
+        return "sampler_name"
+    return "hr_sampler_name" if second == name != first else "sampler_name"
 
 
 def _tag_field(stem: str, work: Work | None) -> str | None:
