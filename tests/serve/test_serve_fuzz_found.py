@@ -76,3 +76,29 @@ def test_the_second_passs_sampler_check_names_hr_sampler_name(tmp_path) -> None:
         body["steps"] = 1
         message, field = _refused(c.post("/sdapi/v1/txt2img", json=body), 400)
         assert field == "sampler_name", message
+
+
+LONG = "y" * 30000
+
+
+@pytest.mark.parametrize(("path", "body", "field"), [
+    ("/sdapi/v1/txt2img", {**T2I, "sampler_name": LONG}, "sampler_name"),
+    ("/sdapi/v1/txt2img", {**T2I, "sampler_index": LONG}, "sampler_index"),
+    ("/sdapi/v1/txt2img", {**T2I, "scheduler": LONG}, "scheduler"),
+    ("/sdapi/v1/options", {"samples_format": LONG}, "samples_format"),
+    ("/sdapi/v1/options", {"samples_format": [LONG]}, "samples_format"),
+    ("/v1/images/generations", {"prompt": "x", "response_format": LONG}, "response_format"),
+    ("/v1/images/generations", {"prompt": "x", "output_format": LONG}, "output_format"),
+    ("/v1/images/generations", {"prompt": "x", LONG: 1}, "y" * 100),
+    ("/v1/images/edits", {"prompt": "x", "image": "", LONG: 1}, "y" * 100),
+], ids=["sampler_name", "sampler_index", "scheduler", "samples_format", "samples_format-list", "response_format",
+        "output_format", "openai-key", "edits-key"])
+def test_a_long_value_is_not_echoed_whole(client, path, body, field) -> None:
+    """An unknown sampler, schedule, samples_format, response_format or output_format, and an unknown OpenAI argument,
+    were echoed whole in the 400: a 30000-character value made a 30000-character message (and field)."""
+    r = client.post(path, json=body)
+    assert r.status_code == 400, r.text
+    data = r.json()
+    message, got = (data["error"]["message"], data["error"]["param"]) if path.startswith("/v1/") else \
+        (data["detail"], data["field"])
+    assert got == field and len(message) < 1000 and field in message, (len(message), message[:200])

@@ -59,6 +59,8 @@ _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "rand
               "hires_fix_refiner_pass", "img2img_fix_steps", "refiner_switch_by_sample_steps", "upscaler_for_img2img"}
 #: A1111's boolean options sdrt reads (from override_settings, else the server's options); all off by default
 BOOL_OPTIONS = ("img2img_fix_steps", "refiner_switch_by_sample_steps")
+#: the longest sampler or schedule name a request may send (an unknown name is echoed back in the 400)
+NAME_CHARS = 100
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -153,8 +155,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     distilled = get_float(body, "distilled_cfg_scale", None, 0.0, MAX_CFG)  # Forge's: Flux dev's guidance input
     # A1111's Image CFG Scale: an InstructPix2Pix model's image guidance in img2img (the worker knows the model)
     image_cfg = get_float(body, "image_cfg_scale", None, 0.0, MAX_CFG)
-    sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
-    scheduler = get_str(body, "scheduler", None)
+    # names, bounded: an unknown one is echoed in the 400 (and a sampler's beside its schedule in the info)
+    sampler = get_str(body, "sampler_name", None, max_len=NAME_CHARS) or \
+        get_str(body, "sampler_index", None, max_len=NAME_CHARS) or "Euler"
+    scheduler = get_str(body, "scheduler", None, max_len=NAME_CHARS)
     if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):
         scheduler = None
     batch = get_int(body, "batch_size", 1, 1, limits.max_batch)
@@ -325,7 +329,7 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         kwargs["hires_scale"] = scale
     kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
     kwargs["hires_denoise"] = get_float(body, "denoising_strength", 0.7, 0.0, 1.0, low_open=True)
-    upscaler = get_str(body, "hr_upscaler", None)
+    upscaler = get_str(body, "hr_upscaler", None, max_len=500)
     if upscaler is not None and upscaler.strip().casefold() == "none":
         upscaler = "Lanczos"  # A1111's "None" upscaler leaves the image as it is, then resizes it with Lanczos
     found = _upscaler(upscaler, UPSCALERS, models_dir) if upscaler not in (None, "") else None
@@ -337,10 +341,10 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         kwargs["hires_upscaler"] = "Lanczos"
         not_honoured.append(f"{_lacking('hr_upscaler', repr(upscaler), UPSCALERS, models_dir)}; Lanczos ran")
     # the second pass's own sampler, schedule and prompts (A1111's "Use same ..." and "" are the first pass's)
-    sampler = get_str(body, "hr_sampler_name", None)
+    sampler = get_str(body, "hr_sampler_name", None, max_len=NAME_CHARS)
     if sampler not in (None, "", "Use same sampler"):
         kwargs["hires_sampler"] = sampler
-    schedule = get_str(body, "hr_scheduler", None)
+    schedule = get_str(body, "hr_scheduler", None, max_len=NAME_CHARS)
     if schedule is not None and schedule.strip().casefold() in ("", "use same scheduler"):
         schedule = None  # A1111: the first pass's scheduler
     if schedule is not None and schedule.strip().casefold() != "automatic":
