@@ -102,3 +102,12 @@ def test_a_long_value_is_not_echoed_whole(client, path, body, field) -> None:
     message, got = (data["error"]["message"], data["error"]["param"]) if path.startswith("/v1/") else \
         (data["detail"], data["field"])
     assert got == field and len(message) < 1000 and field in message, (len(message), message[:200])
+
+
+def test_a_models_file_is_named_not_its_server_path(client, models_dir) -> None:
+    """A clip skip the text encoder cannot give said where the encoder's graph is on the server
+    (/tmp/.../demo-a/text_encoder/model.onnx): the server answers with names, never paths."""
+    message, field = _refused(client.post("/sdapi/v1/txt2img", json={
+        **T2I, "override_settings": {"CLIP_stop_at_last_layers": 12}}), 400)
+    assert field == "CLIP_stop_at_last_layers"
+    assert str(models_dir) not in message and "(demo-a/text_encoder/model.onnx)" in message, message

@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import queue
 import re
 import threading
@@ -229,8 +230,31 @@ def _module_fields(model: ModelEntry) -> dict[str, str]:
             "text_encoders": "forge_additional_modules"}
 
 
-def _public_error(exc: BaseException) -> ApiError:
-    """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
+def _public_error(exc: BaseException, work: Work | None = None) -> ApiError:
+    """The HTTP error a failed job (of ``work``) ends in: 400 for what the request asked wrongly, else 500; the
+    model's files said by their names in the models folder, never by their paths on the server."""
+    err = _request_error(exc)
+    work = work if work is not None else exc.args[2] if isinstance(exc, _Generating) and len(exc.args) > 2 else None
+    model = getattr(work, "model", None)
+    if isinstance(model, ModelEntry) and err.status != 499:
+        err.message = _no_server_paths(err.message, model)
+    return err
+
+
+def _no_server_paths(text: str, model: ModelEntry) -> str:
+    """``text`` with the server's paths of ``model``'s files (a text encoder's graph a clip skip asks too much of,
+    a part that cannot load) as the models folder names them: ``demo-a/text_encoder/model.onnx``."""
+    for path in (model.vae, *model.text_encoders, model.weights):  # files of other folders: their names
+        if path is not None:
+            text = text.replace(str(path), path.name)
+    folder = str(model.path.parent)
+    for sep in {os.sep, "/"}:
+        if folder.rstrip(sep):  # a models folder at the root would take every "/" away
+            text = text.replace(folder.rstrip(sep) + sep, "")
+    return text
+
+
+def _request_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     changed = exc.__cause__ if isinstance(exc, _Generating) else exc
@@ -499,7 +523,7 @@ class Worker(threading.Thread):
                 with caller_words(_caller_names(job.work)):  # its warnings in the request's fields, as its errors
                     self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
-                err = _public_error(exc)
+                err = _public_error(exc, job.work)
                 if err.status >= 500:
                     log.error("job %s failed on %s: %s (traceback at debug level)", job.id, self.label,
                               err.message)
