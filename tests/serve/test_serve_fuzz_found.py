@@ -111,3 +111,13 @@ def test_a_models_file_is_named_not_its_server_path(client, models_dir) -> None:
         **T2I, "override_settings": {"CLIP_stop_at_last_layers": 12}}), 400)
     assert field == "CLIP_stop_at_last_layers"
     assert str(models_dir) not in message and "(demo-a/text_encoder/model.onnx)" in message, message
+
+
+@pytest.mark.parametrize(("sizes", "field"), [({"hr_resize_x": 8, "hr_resize_y": 8}, "hr_resize_x"),
+                                              ({"hr_resize_y": 8}, "hr_resize_y")])
+def test_a_fixed_size_models_hires_refusal_names_the_field_sent(client, sizes, field) -> None:
+    """The model's refusal of a second pass at another size named hr_scale ("leave hr_scale unset") for a request
+    that sent hr_resize_x / hr_resize_y and no hr_scale."""
+    body = {**T2I, "width": None, "height": None, "enable_hr": True, **sizes}
+    message, got = _refused(client.post("/sdapi/v1/txt2img", json=body), 400)
+    assert got == field and f"leave {field} unset" in message and "hr_scale" not in message, message
