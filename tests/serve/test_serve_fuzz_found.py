@@ -121,3 +121,38 @@ def test_a_fixed_size_models_hires_refusal_names_the_field_sent(client, sizes, f
     body = {**T2I, "width": None, "height": None, "enable_hr": True, **sizes}
     message, got = _refused(client.post("/sdapi/v1/txt2img", json=body), 400)
     assert got == field and f"leave {field} unset" in message and "hr_scale" not in message, message
+
+
+def _chunk(kind: bytes, body: bytes) -> bytes:
+    import struct
+    import zlib
+
+    return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+
+def test_png_info_refuses_a_text_bomb(client) -> None:
+    """zTXt chunks were each inflated up to 16 MB with no bound on their sum: 12 of them (a 200 KB upload) answered
+    192 MB of JSON, and a 32 MB upload could ask for ~30 GB. The text of a PNG is read up to 16 MB in all."""
+    import base64
+    import io
+    import time
+    import zlib
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="PNG")
+    png = buf.getvalue()
+    bomb = zlib.compress(b"a" * (16 * 2**20), 9)
+    chunks = b"".join(_chunk(b"zTXt", f"k{i}".encode() + b"\0\0" + bomb) for i in range(12))
+    start = time.time()
+    message, field = _refused(client.post("/sdapi/v1/png-info", json={
+        "image": base64.b64encode(png[:33] + chunks + png[33:]).decode()}), 400)
+    assert field == "image" and "16 MB" in message, message
+    assert time.time() - start < 20
+
+    # a repeated key is read once: the first is kept (A1111's reader keeps the first), the rest is not inflated
+    chunks = _chunk(b"tEXt", b"parameters\0a cat") + b"".join(
+        _chunk(b"zTXt", b"parameters\0\0" + bomb) for _ in range(12))
+    r = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png[:33] + chunks + png[33:]).decode()})
+    assert r.status_code == 200 and r.json()["info"] == "a cat", r.text[:300]
