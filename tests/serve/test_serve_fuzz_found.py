@@ -156,3 +156,32 @@ def test_png_info_refuses_a_text_bomb(client) -> None:
         _chunk(b"zTXt", b"parameters\0\0" + bomb) for _ in range(12))
     r = client.post("/sdapi/v1/png-info", json={"image": base64.b64encode(png[:33] + chunks + png[33:]).decode()})
     assert r.status_code == 200 and r.json()["info"] == "a cat", r.text[:300]
+
+
+def _tiff_with_a_fraction_for_its_strip_offset() -> bytes:
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.fromarray(np.zeros((8, 8), np.float32)).save(buf, format="TIFF")
+    raw = buf.getvalue()
+    assert raw.count(b"\x11\x01\x04\x00") == 1  # tag 273, StripOffsets, a LONG
+    return raw.replace(b"\x11\x01\x04\x00", b"\x11\x01\x05\x00")  # now a RATIONAL: Pillow seeks to a fraction
+
+
+@pytest.mark.parametrize(("path", "key"), [("/sdapi/v1/img2img", "init_images"), ("/sdapi/v1/png-info", "image"),
+                                           ("/sdapi/v1/extra-single-image", "image"),
+                                           ("/controlnet/detect", "controlnet_input_images")])
+def test_a_picture_pillow_fails_on_with_a_type_error_is_a_400(client, path, key) -> None:
+    """Pillow's TIFF reader raised TypeError ("'IFDRational' object cannot be interpreted as an integer") on a
+    broken strip offset, which open_image did not catch (it caught OSError, ValueError, SyntaxError): a 500 on
+    every route that reads a picture."""
+    import base64
+
+    b64 = base64.b64encode(_tiff_with_a_fraction_for_its_strip_offset()).decode()
+    body = {**T2I, "init_images": [b64]} if key == "init_images" else \
+        {"controlnet_module": "none", key: [b64]} if key.startswith("controlnet") else {key: b64}
+    message, field = _refused(client.post(path, json=body), 400)
+    assert field.startswith(key) and "is not a readable image (TypeError)" in message, message
