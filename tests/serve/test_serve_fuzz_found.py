@@ -185,3 +185,18 @@ def test_a_picture_pillow_fails_on_with_a_type_error_is_a_400(client, path, key)
         {"controlnet_module": "none", key: [b64]} if key.startswith("controlnet") else {key: b64}
     message, field = _refused(client.post(path, json=body), 400)
     assert field.startswith(key) and "is not a readable image (TypeError)" in message, message
+
+
+def test_png_info_of_a_jpeg_with_a_broken_exif_block_is_a_400(client) -> None:
+    """The EXIF UserComment of a JPEG whose EXIF block is no TIFF structure: Pillow's SyntaxError ("not a TIFF
+    file") was a 500."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 8)).save(buf, format="JPEG", exif=b"Exif\x00\x00MM\x00\x01\x00\x00\x00\x08" + bytes(32))
+    message, field = _refused(client.post("/sdapi/v1/png-info",
+                                          json={"image": base64.b64encode(buf.getvalue()).decode()}), 400)
+    assert field == "image" and message.startswith("image's EXIF data cannot be read (SyntaxError)"), message
