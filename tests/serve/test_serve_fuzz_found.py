@@ -200,3 +200,15 @@ def test_png_info_of_a_jpeg_with_a_broken_exif_block_is_a_400(client) -> None:
     message, field = _refused(client.post("/sdapi/v1/png-info",
                                           json={"image": base64.b64encode(buf.getvalue()).decode()}), 400)
     assert field == "image" and message.startswith("image's EXIF data cannot be read (SyntaxError)"), message
+
+
+@pytest.mark.parametrize(("body", "field", "words"), [
+    ({"sampler_index": "Restart"}, "sampler_index", "sampler_index: the sampler 'Restart' is not available in sdrt"),
+    ({"sampler_name": "Restart"}, "sampler_name", "sampler_name: the sampler 'Restart' is not available in sdrt"),
+    ({"sampler_index": "Bogus"}, "sampler_index", "sampler_index: unknown sampler 'Bogus'"),
+])
+def test_a_refused_sampler_is_said_of_the_field_that_sent_it(client, body, field, words) -> None:
+    """A sampler sent as sampler_index (A1111's older field, which webuiapi still sends) was refused as sampler_name,
+    and the message ("the sampler 'Restart' is not available in sdrt") named no field."""
+    message, got = _refused(client.post("/sdapi/v1/txt2img", json={**T2I, **body}), 400)
+    assert got == field and message.startswith(words), message

@@ -252,6 +252,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if ip is not None:  # an IP-Adapter module's unit: an image prompt (sdrt.pipelines.ipadapter)
         kwargs["ip_adapter"] = ip
         net_names.update(ip_names)
+    if not body.get("sampler_name") and body.get("sampler_index"):  # the sampler came from A1111's older field
+        net_names["sampler"] = "sampler_index"
     if kwargs.get("hires_width") or kwargs.get("hires_height"):  # the pipeline says hires_scale of either size
         net_names["hires_scale"] = "hr_resize_x" if kwargs.get("hires_width") else "hr_resize_y"
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
