@@ -212,3 +212,21 @@ def test_a_refused_sampler_is_said_of_the_field_that_sent_it(client, body, field
     and the message ("the sampler 'Restart' is not available in sdrt") named no field."""
     message, got = _refused(client.post("/sdapi/v1/txt2img", json={**T2I, **body}), 400)
     assert got == field and message.startswith(words), message
+
+
+@pytest.mark.parametrize(("sizes", "field"), [({"resize_mode": 1}, "upscaling_resize_w"),
+                                              ({"resize_mode": 1, "upscaling_resize_w": 16}, "upscaling_resize_h"),
+                                              ({"resize_mode": 0, "upscaling_resize": 8}, "upscaling_resize")])
+def test_an_extras_upscale_too_large_names_the_field_that_sized_it(client, sizes, field) -> None:
+    """resize_mode 1 scales to upscaling_resize_w x upscaling_resize_h (512 each unset); over the server's side
+    limit its 400 named upscaling_resize, which that mode does not read, and the message named no field."""
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (32, 32)).save(buf, format="PNG")
+    body = {"image": base64.b64encode(buf.getvalue()).decode(), "upscaler_1": "Lanczos", **sizes}
+    message, got = _refused(client.post("/sdapi/v1/extra-single-image", json=body), 400)
+    assert got == field and message.startswith(f"{field}: upscaling 32x32 "), message
