@@ -387,9 +387,9 @@ _ALWAYS = {**dict.fromkeys(["prompt", "negative_prompt", "sampler_name", "schedu
            **dict.fromkeys(["steps", "batch_size", "n_iter", "width", "height", "seed"], "int"),
            **dict.fromkeys(["cfg_scale", "distilled_cfg_scale", "image_cfg_scale", "subseed_strength", "eta"], "number"),
            **dict.fromkeys(["send_images", "save_images", "do_not_save_samples", "do_not_save_grid",
-                            "override_settings_restore_afterwards", "disable_extra_networks", "enable_hr"], "bool"),
+                            "override_settings_restore_afterwards", "disable_extra_networks"], "bool"),
            "styles": "list", "script_args": "list", "override_settings": "object"}
-READ = {"txt2img": _ALWAYS, "img2img": {**_ALWAYS, "init_images": "list", "resize_mode": "int",
+READ = {"txt2img": {**_ALWAYS, "enable_hr": "bool"}, "img2img": {**_ALWAYS, "init_images": "list", "resize_mode": "int",
                                         "include_init_images": "bool", "denoising_strength": "number"}}
 #: the options and override_settings sdrt reads, by kind (upscaler_for_img2img and img2img_fix_steps: img2img's)
 OPTION_KINDS = {"sd_model_checkpoint": "str", "sd_vae": "str", "randn_source": "str", "hires_fix_refiner_pass": "str",
