@@ -230,3 +230,21 @@ def test_an_extras_upscale_too_large_names_the_field_that_sized_it(client, sizes
     body = {"image": base64.b64encode(buf.getvalue()).decode(), "upscaler_1": "Lanczos", **sizes}
     message, got = _refused(client.post("/sdapi/v1/extra-single-image", json=body), 400)
     assert got == field and message.startswith(f"{field}: upscaling 32x32 "), message
+
+
+@pytest.mark.parametrize("key", ["n", "prompt", "steps"])
+def test_an_edit_forms_text_field_sent_as_a_file_is_named_as_such(client, key) -> None:
+    """``n`` sent as a file part answered "n must be an integer, got Upload ('<sdrt.serve.openai_edits.Upload object
+    a')": the server's own object, not what the client sent."""
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64)).save(buf, format="PNG")
+    fields = {"prompt": "a cat", "steps": "1"}
+    files = {"image": ("in.png", buf.getvalue(), "image/png"), key: ("x.txt", b"1", "text/plain")}
+    r = client.post("/v1/images/edits", data={k: v for k, v in fields.items() if k != key}, files=files)
+    assert r.status_code == 422, r.text
+    error = r.json()["error"]
+    assert error["param"] == key and error["message"] == f"{key} must be a text field of the form, got a file"

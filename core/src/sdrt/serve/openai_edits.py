@@ -161,6 +161,9 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
     if unknown:  # as OpenAI answers an unrecognized argument; dropping it would hide a typo
         raise ApiError(400, f"unrecognized request argument {unknown[0][:100]!r}; this route takes "
                             f"{', '.join(sorted(_KNOWN - {'image[]'}))}", field=unknown[0][:100])
+    files = sorted(k for k, v in body.items() if isinstance(v, Upload) and k not in (*_IMAGES, "mask"))
+    if files:  # a form's text field sent as a file: its message showed the object ("<...Upload object at 0x...>")
+        raise ApiError(422, f"{files[0]} must be a text field of the form, got a file", field=files[0])
     if body.get("prompt") is None:
         raise ApiError(400, "prompt is required: what the edited picture should show", field="prompt")
     if body.get("stream") not in (None, False, "false"):
