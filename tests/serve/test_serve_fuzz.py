@@ -222,6 +222,7 @@ def check(r, path: str, mutated: list[str] | None = None) -> None:
     assert isinstance(message, str) and message.strip(), (path, data)
     assert "\n" not in message and "\r" not in message, (path, message)
     assert "Traceback" not in message and 'File "' not in message, (path, message)
+    assert " object at 0x" not in message and "<sdrt." not in message, (path, message)  # no internals
     assert len(message) < 4000, (path, len(message), message[:300])
     if mutated:
         named = [k for k in mutated if k in message or (field and str(field).startswith(k)) or
