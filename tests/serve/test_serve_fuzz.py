@@ -566,13 +566,18 @@ def multipart(parts: list[tuple[str, str | None, bytes]]) -> tuple[bytes, str]:
 @SETTINGS
 @given(data=st.data())
 def test_fuzz_openai_edits(client, data):
-    """``/v1/images/edits`` as a multipart form (OpenAI's SDK's) or JSON, with mutated fields and files."""
+    """``/v1/images/edits`` as a multipart form (OpenAI's SDK's) or JSON, with mutated fields and files; and
+    ``/v1/images/generations`` with the same fields."""
     fields = {"prompt": "a cat", "steps": "1", "seed": "1", "size": "64x64"}
     keys = data.draw(st.lists(st.sampled_from(EDIT_KEYS), max_size=3, unique=True))
     image_raw = data.draw(st.one_of(picture_bytes(), st.sampled_from(NOT_IMAGES), st.binary(max_size=64)))
     mask_raw = data.draw(st.one_of(st.none(), st.sampled_from(["RGBA-clear", "RGBA", "png64", "png1x1", "LA", "P"]
                                                                ).map(PICTURES.__getitem__), st.binary(max_size=32)))
     mutated = list(keys) + ["image", "mask"] * (image_raw not in PICTURES.values() or mask_raw is not None)
+    if data.draw(st.integers(0, 3)) == 0:  # /v1/images/generations: the same fields as JSON, no picture
+        body = {**fields, **{k: data.draw(field_values(k)) for k in keys if k != "strength"}}
+        post(client, "/v1/images/generations", body, [k for k in keys if k != "strength"])
+        return
     if data.draw(st.booleans()):  # multipart, as the SDK sends it
         parts = [(k, None, _form_value(v)) for k, v in fields.items() if k not in keys]
         parts += [(k, None, _form_value(data.draw(field_values(k)))) for k in keys]
