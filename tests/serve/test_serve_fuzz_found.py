@@ -248,3 +248,20 @@ def test_an_edit_forms_text_field_sent_as_a_file_is_named_as_such(client, key) -
     assert r.status_code == 422, r.text
     error = r.json()["error"]
     assert error["param"] == key and error["message"] == f"{key} must be a text field of the form, got a file"
+
+
+def test_a_broken_lora_is_named_with_its_field(models_dir, tmp_path) -> None:
+    """A prompt's LoRA whose file is no safetensors was refused with "header length ... does not fit the file (22
+    bytes)": neither the LoRA nor the field (prompt or negative_prompt) it came from was named."""
+    from starlette.testclient import TestClient
+
+    from sdrt.serve import ServeConfig, create_app
+
+    (tmp_path / "bad.safetensors").write_bytes(b"not a safetensors file")
+    with TestClient(create_app(ServeConfig(models=models_dir, lora_dir=tmp_path, backend="openvino")),
+                    raise_server_exceptions=False) as c:
+        for key in ("prompt", "negative_prompt"):
+            message, field = _refused(c.post("/sdapi/v1/txt2img", json={**T2I, key: "x <lora:bad:1>"}), 400)
+            assert field == key and message.startswith(
+                f"the model demo-a refused the request: {key}: bad.safetensors: header length"), message
+            assert str(tmp_path) not in message

@@ -278,7 +278,10 @@ def _request_error(exc: BaseException) -> ApiError:
         name = names.get(key.group(0)) if key else None
         field = name or inner.field
         if field and ("/" in field or "\\" in field):  # a server file (a prompt's LoRA), never a request field
+            file = Path(field).name
             field = _tag_field(Path(field).stem, work)
+            if file not in inner.message:  # the file's own check ("header length ... does not fit the file")
+                inner.message = f"{field + ': ' if field else ''}{file}: {inner.message}"
         return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
