@@ -231,14 +231,23 @@ def check(r, path: str, mutated: list[str] | None = None) -> None:
 
 
 @pytest.fixture(scope="module")
-def client(models_dir):
+def client(models_dir, tmp_path_factory):
+    import shutil
+    from pathlib import Path
+
     from starlette.testclient import TestClient
 
     from sdrt.serve import Limits, ServeConfig, create_app
 
+    loras = tmp_path_factory.mktemp("fuzz-loras")  # a LoRA of another family, and a file that is no safetensors
+    shutil.copy(Path(__file__).resolve().parents[1] / "data" / "ckpt" / "sd1" / "lora_kohya.safetensors",
+                loras / "k.safetensors")
+    (loras / "bad.safetensors").write_bytes(b"not a safetensors file")
+    SERVER_PATHS.append(str(loras))
+
     limits = Limits(max_width=128, max_height=128, max_steps=2, max_batch=1, max_images=2, max_body_bytes=2**20,
                     max_prompt_chars=2000, max_queue=8)
-    app = create_app(ServeConfig(models=models_dir, backend="openvino", limits=limits))
+    app = create_app(ServeConfig(models=models_dir, lora_dir=loras, backend="openvino", limits=limits))
     SERVER_PATHS.append(str(models_dir))
     with TestClient(app, raise_server_exceptions=False) as c:
         defaults = app.state.sdrt.default_options()
@@ -290,7 +299,7 @@ SCHEDULES = ["Automatic", "automatic", "Uniform", "Karras", "Exponential", "Poly
              "Use same scheduler", ""]
 PROMPTS = ["", " ", "a (cat:1.5) [dog] BREAK sky", "(((((((((((((((((((((x)))))))))))))))))))))", "(a:1e30)",
            "(a:-5)", "(a:0)", "[[[[", ")))]]]", "\\", "a\\(b\\)", "a AND b", "[a|b]", "[a:b:0.5]", "[a:b:40]",
-           "<hypernet:x:1>", "<lora:x:1>", "<lora::>", "<lora:x:1e999>", "<lora:x:nan>", "BREAK", "BREAK BREAK",
+           "<hypernet:x:1>", "<lora:x:1>", "<lora:k:0.5>", "<lora:bad:1>", "<lora:K:1>", "<lora::>", "<lora:x:1e999>", "<lora:x:nan>", "BREAK", "BREAK BREAK",
            "word " * 200, "\U0001f600" * 100, "\x00", "\t\n", "<", ">", "embedding:x"]
 PLAUSIBLE = {
     "steps": [1, 2, "2", 3, 0, 1.0], "cfg_scale": [0, 1, 7, 0.5, "7.5", 100, 1e-9], "width": [8, 16, 56, 63, 64, 65,
