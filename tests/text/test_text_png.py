@@ -272,3 +272,20 @@ def test_a_written_png_has_the_users_usual_file_mode(tmp_path):
     finally:
         os.umask(mask)
     assert (path.stat().st_mode & 0o777) == 0o644  # not mkstemp's private 0600
+
+
+def test_text_chunks_are_inflated_within_one_budget() -> None:
+    """Each zTXt chunk was inflated up to 16 MB with no bound on their sum (a 200 KB file read as 192 MB, a 32 MB
+    one as ~30 GB): the text of one PNG is read up to 16 MB in all, a repeated key is not inflated again."""
+    from sdrt.pipelines.png import PngError, encode_png, read_text_chunks
+
+    def chunk(kind: bytes, body: bytes) -> bytes:
+        return struct.pack(">I", len(body)) + kind + body + struct.pack(">I", zlib.crc32(kind + body))
+
+    png = encode_png(np.zeros((8, 8, 3), np.uint8))
+    bomb = zlib.compress(b"a" * (16 * 2**20), 9)
+    many = b"".join(chunk(b"zTXt", f"k{i}".encode() + b"\0\0" + bomb) for i in range(3))
+    with pytest.raises(PngError, match="over 16 MB of text"):
+        read_text_chunks(png[:33] + many + png[33:])
+    repeated = chunk(b"tEXt", b"parameters\0a cat") + chunk(b"zTXt", b"parameters\0\0" + bomb) * 3
+    assert read_text_chunks(png[:33] + repeated + png[33:]) == {"parameters": "a cat"}

@@ -233,6 +233,10 @@ def write_file(path: str | os.PathLike[str], data: bytes | memoryview) -> Path:
 # -- reading ------------------------------------------------------------------------------------------------------
 
 
+#: the most text (bytes of it, after inflating) ``read_text_chunks`` reads from one PNG
+MAX_TEXT = 16 * 2**20
+
+
 def read_text_chunks(path_or_file: str | os.PathLike[str] | IO[bytes] | bytes) -> dict[str, str]:
     """Every ``tEXt``, ``zTXt`` and ``iTXt`` chunk of a PNG as ``{key: text}`` (the first of a repeated key)."""
     data, where = _read_bytes(path_or_file)
@@ -245,6 +249,7 @@ def read_text_chunks(path_or_file: str | os.PathLike[str] | IO[bytes] | bytes) -
                            where=where, fix="read them with sdrt.pipelines.save.read_user_comment(path)")
         raise PngError("the file is not a PNG (no PNG signature)", where=where, fix="give a .png file")
     texts: dict[str, str] = {}
+    left = MAX_TEXT  # compressed text is inflated within this budget: a few KB of zTXt can hold gigabytes
     pos = len(SIGNATURE)
     while pos + 8 <= len(data):
         length, kind = struct.unpack(">I4s", data[pos : pos + 8])
@@ -255,9 +260,15 @@ def read_text_chunks(path_or_file: str | os.PathLike[str] | IO[bytes] | bytes) -
         pos += 12 + length
         if kind == b"IEND":
             break
-        parsed = _parse_text(kind, body)
+        if kind in (b"zTXt", b"iTXt") and body.split(b"\0", 1)[0].decode("latin-1") in texts:
+            continue  # a repeated key: the first is kept, the rest is not inflated
+        parsed = _parse_text(kind, body, left)
         if parsed is not None and parsed[0] not in texts:
             texts[parsed[0]] = parsed[1]
+            left -= len(parsed[1])
+            if left < 0:
+                raise PngError(f"the PNG's text chunks hold over {MAX_TEXT // 2**20} MB of text, which is no "
+                               "generation parameters", where=where, fix="give a PNG with its parameters text")
     return texts
 
 
@@ -279,17 +290,20 @@ def _read_bytes(source: str | os.PathLike[str] | IO[bytes] | bytes) -> tuple[byt
                        fix="check the path") from exc
 
 
-def _inflate(raw: bytes) -> str | None:
+def _inflate(raw: bytes, limit: int = MAX_TEXT) -> str | None:
+    """The text of a compressed chunk, inflated up to ``limit`` bytes and one more (the caller's budget: one past it
+    says the text is over it)."""
     try:
         out = zlib.decompressobj()
-        text = out.decompress(raw, 16 * 2**20)  # a text chunk over 16 MB is not parameters
+        text = out.decompress(raw, max(limit, 0) + 1)
         return text.decode("utf-8", errors="replace")
     except zlib.error:
         return None
 
 
-def _parse_text(kind: bytes, body: bytes) -> tuple[str, str] | None:
-    """``(key, text)`` of a text chunk; None for other chunks and for text chunks too broken to read."""
+def _parse_text(kind: bytes, body: bytes, limit: int = MAX_TEXT) -> tuple[str, str] | None:
+    """``(key, text)`` of a text chunk (a compressed one inflated up to ``limit`` bytes and one more); None for other
+    chunks and for text chunks too broken to read."""
     if kind not in (b"tEXt", b"zTXt", b"iTXt") or b"\0" not in body:
         return None
     name, rest = body.split(b"\0", 1)
@@ -297,14 +311,14 @@ def _parse_text(kind: bytes, body: bytes) -> tuple[str, str] | None:
     if kind == b"tEXt":
         return key, rest.decode("latin-1")
     if kind == b"zTXt":
-        text = _inflate(rest[1:]) if rest[:1] == b"\0" else None
+        text = _inflate(rest[1:], limit) if rest[:1] == b"\0" else None
         return None if text is None else (key, text)
     if len(rest) < 2 or rest[2:].count(b"\0") < 2:
         return None
     compressed, method = rest[0], rest[1]
     _language, _translated, text_bytes = rest[2:].split(b"\0", 2)
     if compressed:
-        text = _inflate(text_bytes) if method == 0 else None
+        text = _inflate(text_bytes, limit) if method == 0 else None
         return None if text is None else (key, text)
     return key, text_bytes.decode("utf-8", errors="replace")
 

@@ -59,6 +59,8 @@ _OVERRIDES = {"sd_model_checkpoint", "CLIP_stop_at_last_layers", "sd_vae", "rand
               "hires_fix_refiner_pass", "img2img_fix_steps", "refiner_switch_by_sample_steps", "upscaler_for_img2img"}
 #: A1111's boolean options sdrt reads (from override_settings, else the server's options); all off by default
 BOOL_OPTIONS = ("img2img_fix_steps", "refiner_switch_by_sample_steps")
+#: the longest sampler or schedule name a request may send (an unknown name is echoed back in the 400)
+NAME_CHARS = 100
 #: A1111's ``randn_source`` option -> the pipeline's ``rng``
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
@@ -71,6 +73,12 @@ def hires_refiner_pass(value: Any, field: str) -> str:
         return value.strip().lower()
     raise ApiError(400, f"{field} must be one of {', '.join(HIRES_PASSES)} (A1111's), got {str(value)[:40]!r}",
                    field=field)
+
+
+def _set(overrides: dict[str, Any], key: str) -> bool:
+    """Whether ``override_settings`` sets ``key``: null and "" leave the server's option; any other value is checked
+    (0, false, [] or {} for a name was the server's option, silently)."""
+    return overrides.get(key) not in (None, "")
 
 
 def option_bool(overrides: dict[str, Any], options: dict[str, Any], key: str) -> bool:
@@ -147,8 +155,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     distilled = get_float(body, "distilled_cfg_scale", None, 0.0, MAX_CFG)  # Forge's: Flux dev's guidance input
     # A1111's Image CFG Scale: an InstructPix2Pix model's image guidance in img2img (the worker knows the model)
     image_cfg = get_float(body, "image_cfg_scale", None, 0.0, MAX_CFG)
-    sampler = get_str(body, "sampler_name", None) or get_str(body, "sampler_index", None) or "Euler"
-    scheduler = get_str(body, "scheduler", None)
+    # names, bounded: an unknown one is echoed in the 400 (and a sampler's beside its schedule in the info)
+    sampler = get_str(body, "sampler_name", None, max_len=NAME_CHARS) or \
+        get_str(body, "sampler_index", None, max_len=NAME_CHARS) or "Euler"
+    scheduler = get_str(body, "scheduler", None, max_len=NAME_CHARS)
     if scheduler is not None and scheduler.strip().casefold() in ("", "automatic"):
         scheduler = None
     batch = get_int(body, "batch_size", 1, 1, limits.max_batch)
@@ -170,8 +180,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         raise ApiError(400, f"seed {seed} leaves no room for {batch * n_iter} consecutive seeds below 2**32",
                        field="seed")
     overrides = get_dict(body, "override_settings")
-    model_name = overrides.get("sd_model_checkpoint") or options.get("sd_model_checkpoint")
-    model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name else registry.default
+    model_name = overrides.get("sd_model_checkpoint") if _set(overrides, "sd_model_checkpoint") \
+        else options.get("sd_model_checkpoint")
+    model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name not in (None, "") \
+        else registry.default
     clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
@@ -199,8 +211,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     for key in ("styles", "script_args"):
         get_list(body, key)
 
-    source = overrides.get("randn_source") or options.get("randn_source") or "CPU"
-    rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if overrides.get("randn_source")
+    source = overrides.get("randn_source") if _set(overrides, "randn_source") \
+        else options.get("randn_source") or "CPU"
+    rng = RANDN_SOURCES[randn_source(source, "override_settings.randn_source" if _set(overrides, "randn_source")
                                      else "randn_source")]
     kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, schedule=scheduler, width=width,
                                   height=height, batch=batch, clip_skip=clip_skip, rng=rng)
@@ -220,7 +233,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
     _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
-        if overrides.get("hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
+        if _set(overrides, "hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
     by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
     refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
     # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
@@ -238,6 +251,10 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if ips:  # the IP-Adapter modules' units: image prompts (sdrt.pipelines.ipadapter), their attentions summed
         kwargs["ip_adapter"] = ips
         net_names.update(ip_names)
+    if not body.get("sampler_name") and body.get("sampler_index"):  # the sampler came from A1111's older field
+        net_names["sampler"] = "sampler_index"
+    if kwargs.get("hires_width") or kwargs.get("hires_height"):  # the pipeline says hires_scale of either size
+        net_names["hires_scale"] = "hr_resize_x" if kwargs.get("hires_width") else "hr_resize_y"
     # Forge's FLUX.1 Kontext extension (alwayson_scripts["Forge FluxKontext"]): reference images
     net_names.update(kontext.references(body, kwargs, limits.max_width * limits.max_height * 4, not_honoured,
                                         (limits.max_width, limits.max_height)))
@@ -315,7 +332,7 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         kwargs["hires_scale"] = scale
     kwargs["hires_steps"] = get_int(body, "hr_second_pass_steps", 0, 0, limits.max_steps)
     kwargs["hires_denoise"] = get_float(body, "denoising_strength", 0.7, 0.0, 1.0, low_open=True)
-    upscaler = get_str(body, "hr_upscaler", None)
+    upscaler = get_str(body, "hr_upscaler", None, max_len=500)
     if upscaler is not None and upscaler.strip().casefold() == "none":
         upscaler = "Lanczos"  # A1111's "None" upscaler leaves the image as it is, then resizes it with Lanczos
     found = _upscaler(upscaler, UPSCALERS, models_dir) if upscaler not in (None, "") else None
@@ -327,10 +344,10 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         kwargs["hires_upscaler"] = "Lanczos"
         not_honoured.append(f"{_lacking('hr_upscaler', repr(upscaler), UPSCALERS, models_dir)}; Lanczos ran")
     # the second pass's own sampler, schedule and prompts (A1111's "Use same ..." and "" are the first pass's)
-    sampler = get_str(body, "hr_sampler_name", None)
+    sampler = get_str(body, "hr_sampler_name", None, max_len=NAME_CHARS)
     if sampler not in (None, "", "Use same sampler"):
         kwargs["hires_sampler"] = sampler
-    schedule = get_str(body, "hr_scheduler", None)
+    schedule = get_str(body, "hr_scheduler", None, max_len=NAME_CHARS)
     if schedule is not None and schedule.strip().casefold() in ("", "use same scheduler"):
         schedule = None  # A1111: the first pass's scheduler
     if schedule is not None and schedule.strip().casefold() != "automatic":

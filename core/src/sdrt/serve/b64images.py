@@ -62,7 +62,8 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
         img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
     except ApiError:
         raise
-    except (OSError, ValueError, Image.DecompressionBombError, SyntaxError) as exc:
+    except Exception as exc:  # noqa: BLE001 - the client's bytes: Pillow's decoders raise more than OSError and
+        # ValueError on broken files (a TIFF whose strip offset is a fraction: TypeError), none of them a server fault
         # what Pillow found, where it says more than its class: "image file is truncated" (a cut upload)
         said = "the image file is truncated (an incomplete upload?)" if "truncated" in str(exc) else type(exc).__name__
         raise ApiError(400, f"{field} is not a readable image ({said})", field=field) from None

@@ -62,10 +62,16 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
                              "sdrt generate --control-image or the Python API's control_image=",
                         field="alwayson_scripts")
     field = names.get(where, where) or None
+    kind = where.split(" ", 1)[0]
+    mapped = where in names
+    if not mapped and kind != where and kind in names:  # "sampler uni_pc": a sampler's own check, at run time
+        field, mapped = names[kind], True
     # {@cfg} -> cfg_scale; a list item (controlnets[0]) -> the request's own (alwayson_scripts.controlnet.args[0])
     what, fix = _items(_render(what, names), names), _items(_render(fix, names), names) if fix else fix
-    if "[" in where and where in names and field and field not in what:  # a unit's threshold_a, which the
-        what = f"{field}: {what}"  # pipeline's message ("a down sampling rate of 500 ...") does not name
+    if mapped and field and field not in what and not (fix and field in fix):
+        # the request's field, where the pipeline's words do not say it: a unit's threshold_a ("a down sampling rate
+        # of 500 ..."), a sampler's step count, "the sampler 'Restart' is not available" of sampler_index
+        what = f"{field}: {what}"
     return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
 
 

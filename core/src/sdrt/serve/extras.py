@@ -173,8 +173,13 @@ def _process(body: dict[str, Any], images: list[Any], models_dir: Path | None, b
         img = img.convert("RGB")
         scale = factor if mode == 0 else max(tw / img.width, th / img.height)
         if int(img.width * scale) // 8 * 8 > max_side or int(img.height * scale) // 8 * 8 > max_side:
-            raise ApiError(400, f"upscaling {img.width}x{img.height} by {scale:g} is above this server's limit of "
-                                f"{max_side} pixels a side", field="upscaling_resize")
+            # the field that set the scale: resize_mode 1 scales to upscaling_resize_w x upscaling_resize_h (512 each
+            # when unset), and its 400 named upscaling_resize, which that mode does not read
+            field = "upscaling_resize" if mode == 0 else \
+                "upscaling_resize_w" if tw / img.width >= th / img.height else "upscaling_resize_h"
+            how = f"by {scale:g}" if mode == 0 else f"to cover {tw}x{th} (upscaling_resize_w x upscaling_resize_h)"
+            raise ApiError(400, f"{field}: upscaling {img.width}x{img.height} {how} is above this server's limit of "
+                                f"{max_side} pixels a side", field=field)
         first = _upscale(img, name1, scale, path1, backend, device)
         if name2 != "None" and vis2 > 0:
             second = _upscale(img, name2, scale, path2, backend, device)

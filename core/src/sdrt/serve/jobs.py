@@ -14,6 +14,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import logging
+import os
 import queue
 import re
 import threading
@@ -229,8 +230,31 @@ def _module_fields(model: ModelEntry) -> dict[str, str]:
             "text_encoders": "forge_additional_modules"}
 
 
-def _public_error(exc: BaseException) -> ApiError:
-    """The HTTP error a failed job ends in: 400 for what the request asked wrongly, else 500."""
+def _public_error(exc: BaseException, work: Work | None = None) -> ApiError:
+    """The HTTP error a failed job (of ``work``) ends in: 400 for what the request asked wrongly, else 500; the
+    model's files said by their names in the models folder, never by their paths on the server."""
+    err = _request_error(exc)
+    work = work if work is not None else exc.args[2] if isinstance(exc, _Generating) and len(exc.args) > 2 else None
+    model = getattr(work, "model", None)
+    if isinstance(model, ModelEntry) and err.status != 499:
+        err.message = _no_server_paths(err.message, model)
+    return err
+
+
+def _no_server_paths(text: str, model: ModelEntry) -> str:
+    """``text`` with the server's paths of ``model``'s files (a text encoder's graph a clip skip asks too much of,
+    a part that cannot load) as the models folder names them: ``demo-a/text_encoder/model.onnx``."""
+    for path in (model.vae, *model.text_encoders, model.weights):  # files of other folders: their names
+        if path is not None:
+            text = text.replace(str(path), path.name)
+    folder = str(model.path.parent)
+    for sep in {os.sep, "/"}:
+        if folder.rstrip(sep):  # a models folder at the root would take every "/" away
+            text = text.replace(folder.rstrip(sep) + sep, "")
+    return text
+
+
+def _request_error(exc: BaseException) -> ApiError:
     if isinstance(exc, ApiError):
         return exc
     changed = exc.__cause__ if isinstance(exc, _Generating) else exc
@@ -242,6 +266,7 @@ def _public_error(exc: BaseException) -> ApiError:
 
         names = exc.args[1] if len(exc.args) > 1 else {}
         work = exc.args[2] if len(exc.args) > 2 else None
+        names = {**names, "sampler": _sampler_field(getattr(exc.__cause__, "where", None), work)}
         if work is not None and work.size_from and getattr(exc.__cause__, "where", None) in ("width", "height"):
             return ApiError(400, f"the model {exc.args[0]} refused the request: {_picture_size(exc.__cause__, work)}",
                             field=work.size_from.partition("[")[0])
@@ -253,7 +278,10 @@ def _public_error(exc: BaseException) -> ApiError:
         name = names.get(key.group(0)) if key else None
         field = name or inner.field
         if field and ("/" in field or "\\" in field):  # a server file (a prompt's LoRA), never a request field
+            file = Path(field).name
             field = _tag_field(Path(field).stem, work)
+            if file not in inner.message:  # the file's own check ("header length ... does not fit the file")
+                inner.message = f"{field + ': ' if field else ''}{file}: {inner.message}"
         return ApiError(400, f"the model {exc.args[0]} refused the request: {inner.message}", field=field)
     if isinstance(exc, _Generating) and exc.__cause__ is not None:
         exc = exc.__cause__
@@ -263,6 +291,23 @@ def _public_error(exc: BaseException) -> ApiError:
         return ApiError(500, str(exc), kind=type(exc).__name__)
     return ApiError(500, f"internal error ({type(exc).__name__}: {exc}); the server logged it and keeps serving",
                     kind=type(exc).__name__)
+
+
+def _sampler_field(where: str | None, work: Work | None) -> str:
+    """The request field of the sampler a run-time sampler check names (``where``: "sampler uni_pc"):
+    ``hr_sampler_name`` when the hires. fix's second pass runs that sampler and the first pass another."""
+    from ..samplers.names import resolve
+
+    kwargs = getattr(work, "kwargs", None) or {}
+    if not (where or "").startswith("sampler ") or not kwargs.get("hires_sampler"):
+        return "sampler_name"
+    name = where.split(" ", 2)[1]
+    try:
+        first = resolve(kwargs.get("sampler") or "Euler", kwargs.get("schedule")).sampler
+        second = resolve(kwargs["hires_sampler"], kwargs.get("hires_schedule") or kwargs.get("schedule")).sampler
+    except SdrtError:
+        return "sampler_name"
+    return "hr_sampler_name" if second == name != first else "sampler_name"
 
 
 def _tag_field(stem: str, work: Work | None) -> str | None:
@@ -481,7 +526,7 @@ class Worker(threading.Thread):
                 with caller_words(_caller_names(job.work)):  # its warnings in the request's fields, as its errors
                     self._run(job)
             except BaseException as exc:  # noqa: BLE001 - a failed job must never end the worker
-                err = _public_error(exc)
+                err = _public_error(exc, job.work)
                 if err.status >= 500:
                     log.error("job %s failed on %s: %s (traceback at debug level)", job.id, self.label,
                               err.message)

@@ -159,8 +159,11 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
     limits = st.limits
     unknown = sorted(k for k in body if k not in _KNOWN)
     if unknown:  # as OpenAI answers an unrecognized argument; dropping it would hide a typo
-        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; this route takes "
-                            f"{', '.join(sorted(_KNOWN - {'image[]'}))}", field=unknown[0])
+        raise ApiError(400, f"unrecognized request argument {unknown[0][:100]!r}; this route takes "
+                            f"{', '.join(sorted(_KNOWN - {'image[]'}))}", field=unknown[0][:100])
+    files = sorted(k for k, v in body.items() if isinstance(v, Upload) and k not in (*_IMAGES, "mask"))
+    if files:  # a form's text field sent as a file: its message showed the object ("<...Upload object at 0x...>")
+        raise ApiError(422, f"{files[0]} must be a text field of the form, got a file", field=files[0])
     if body.get("prompt") is None:
         raise ApiError(400, "prompt is required: what the edited picture should show", field="prompt")
     if body.get("stream") not in (None, False, "false"):
@@ -177,10 +180,10 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
     mask_in = body.get("mask")
     mask = None if mask_in in (None, "") else b64images.open_image(_image_bytes(mask_in, "mask"), "mask", max_pixels)
     repaint = _repaint_mask(img, mask)
-    fmt = get_str(body, "response_format", "b64_json")
+    fmt = get_str(body, "response_format", "b64_json", max_len=40)
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
-    if get_str(body, "output_format", "png") != "png":
+    if get_str(body, "output_format", "png", max_len=40) != "png":
         raise ApiError(400, f"output_format {body['output_format']!r} is not supported; this server writes png",
                        field="output_format")
     width, height = get_size(body, limits)

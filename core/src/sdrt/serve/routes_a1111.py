@@ -180,7 +180,12 @@ async def png_info(request: Request) -> JSONResponse:
         else:  # JPEG, WebP: A1111 writes the parameters as the EXIF UserComment; Pillow reads comments
             img = b64images.decode(image, "image", st.limits.max_width * st.limits.max_height * 4)
             items = {k: v for k, v in img.info.items() if isinstance(v, str)}
-            comment = img.getexif().get_ifd(0x8769).get(0x9286)  # EXIF UserComment
+            try:
+                comment = img.getexif().get_ifd(0x8769).get(0x9286)  # EXIF UserComment
+            except Exception as exc:  # noqa: BLE001 - the client's EXIF block: Pillow raises SyntaxError and more on
+                # a broken one ("not a TIFF file"), none of them a server fault
+                raise ApiError(400, f"image's EXIF data cannot be read ({type(exc).__name__}), so its parameters "
+                                    "(EXIF UserComment) cannot be either", field="image") from None
             if isinstance(comment, bytes) and comment[:8] in (b"UNICODE\0", b"ASCII\0\0\0"):
                 codec = "utf-16-be" if comment[:8] == b"UNICODE\0" else "ascii"
                 items.setdefault("parameters", comment[8:].decode(codec, errors="replace"))

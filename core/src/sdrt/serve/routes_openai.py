@@ -44,8 +44,8 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
         raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
     unknown = sorted(k for k in body if k not in _KNOWN)
     if unknown:  # OpenAI answers 400 "Unrecognized request argument supplied"; dropping it would hide a typo
-        raise ApiError(400, f"unrecognized request argument {unknown[0]!r}; this route takes "
-                            f"{', '.join(sorted(_KNOWN))}", field=unknown[0])
+        raise ApiError(400, f"unrecognized request argument {unknown[0][:100]!r}; this route takes "
+                            f"{', '.join(sorted(_KNOWN))}", field=unknown[0][:100])
     if body.get("prompt") is None:
         raise ApiError(400, "prompt is required", field="prompt")
     if body.get("stream") not in (None, False):
@@ -61,10 +61,10 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
     size = body.get("size")
     width, height = get_size(body, limits)
-    fmt = get_str(body, "response_format", "b64_json")
+    fmt = get_str(body, "response_format", "b64_json", max_len=40)
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
-    output = get_str(body, "output_format", "png")
+    output = get_str(body, "output_format", "png", max_len=40)
     if output != "png":
         raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
     steps = get_int(body, "steps", 20, 1, limits.max_steps)

@@ -102,7 +102,9 @@ class ServerState:
                                 "GET /sdapi/v1/sd-models lists them", field="sd_model_checkpoint")
         if "samples_format" in body and body["samples_format"] != "png":
             # it was stored and read back while every image stayed a PNG
-            raise ApiError(400, f"samples_format {body['samples_format']!r} is not supported: this server writes "
+            shown = repr(body["samples_format"])
+            shown = shown if len(shown) <= 60 else shown[:60] + "..."  # echoed, not whole
+            raise ApiError(400, f"samples_format {shown} is not supported: this server writes "
                                 "png only; pass \"png\" or leave it out", field="samples_format")
         if body.get("randn_source") is not None:
             from .a1111 import randn_source
