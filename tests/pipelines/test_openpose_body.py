@@ -1,0 +1,103 @@
+"""The ``openpose`` preprocessor (OpenPose's body model, body_pose_model.pth) against the extension's code.
+
+References: scripts/ref_openpose_body.py ran controlnet_aux 0.0.10's OpenposeDetector (sd-webui-controlnet's
+body.py, model.py and draw_poses) on the full-size seeded file that openpose_helpers writes here (the same
+bytes, built from a fixed seed); tests/data/openpose/body_refs.npz holds its image, map, candidate and subset.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from openpose_helpers import make_weights, write_pth  # noqa: E402
+from pipeline_helpers import register  # noqa: E402
+
+from sdrt.errors import InputError, ModelError  # noqa: E402
+from sdrt.pipelines import openposebody, posemaps, preprocessors  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "openpose"
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return np.load(DATA / "body_refs.npz")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """sd-webui-controlnet's layout: <models>/extensions/sd-webui-controlnet/annotator/downloads/openpose."""
+    root = tmp_path_factory.mktemp("openpose")
+    folder = root / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "openpose"
+    folder.mkdir(parents=True)
+    write_pth(folder / openposebody.BODY_FILE, make_weights())
+    return root
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_openpose_map_equals_the_extension(refs, models, backend):
+    """Candidates (peaks: positions and ids), people (subset) and the map equal the extension's, pixel for pixel;
+    the seeded network finds hundreds of peaks and over twenty people, so peaks, limb scoring, merging and
+    dropping all run."""
+    register(backend)
+    with openposebody.OpenPoseBody(openposebody.find_file(models), backend=backend) as det:
+        cand, subset = det.body(refs["image"])
+        people = det.people(refs["image"])
+    assert len(refs["candidate"]) > 100 and len(refs["subset"]) > 10
+    np.testing.assert_array_equal(cand[:, [0, 1, 3]], refs["candidate"][:, [0, 1, 3]])
+    np.testing.assert_allclose(cand[:, 2], refs["candidate"][:, 2], atol=1e-4)
+    np.testing.assert_array_equal(subset[:, :18], refs["subset"][:, :18])
+    np.testing.assert_array_equal(subset[:, 19], refs["subset"][:, 19])
+    h, w = refs["image"].shape[:2]
+    made = posemaps.draw(people, h, w, hands=False, face=False)
+    assert np.array_equal(made, refs["map"]), int((made != refs["map"]).any(-1).sum())
+
+
+def test_preprocess_runs_at_a_resolution_and_json(refs, models):
+    register("openvino")
+    image = refs["image"]
+    out = preprocessors.preprocess(image, "openpose", resolution=None, models=models, backend="openvino")
+    assert np.array_equal(out, refs["map"])
+    made, pose = preprocessors.pose_detect(image, preprocessors.openpose_body(models, "openvino"))
+    assert np.array_equal(made, refs["map"]) and pose["canvas_width"] == image.shape[1]
+    back, hh, ww = posemaps.from_json(pose)
+    assert np.array_equal(posemaps.draw(back, hh, ww, hands=False, face=False), refs["map"])
+    at = preprocessors.preprocess(image, "openpose", resolution=128, models=models, backend="openvino")
+    assert at.shape == (168, 128, 3) and at.any()
+
+
+def test_files_and_errors(tmp_path, models):
+    with pytest.raises(InputError) as e:
+        openposebody.find_file(tmp_path, what="--control-pose-models")
+    assert "no body_pose_model.pth in" in str(e.value) and "\n" not in str(e.value)
+    assert openposebody.find_file(models).parent.name == "openpose"
+    bad = write_pth(tmp_path / "body_pose_model.pth", {"conv1_1.weight": np.zeros((64, 3, 3, 3), np.float32)})
+    with pytest.raises(ModelError, match="not OpenPose's body model"):
+        openposebody.OpenPoseBody(bad)
+    (tmp_path / "junk.pth").write_bytes(b"not a torch file")
+    with pytest.raises((ModelError, InputError)) as e:
+        openposebody.OpenPoseBody(tmp_path / "junk.pth")
+    assert "\n" not in str(e.value)
+
+
+def test_units_and_refused_modules():
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(InputError, match="openpose preprocessor needs body_pose_model.pth"):
+        parse_units([ControlNet("controlnet", img, preprocessor="openpose")])
+    for name in ("openpose_hand", "openpose_face", "openpose_full"):
+        with pytest.raises(InputError, match="dw_openpose_full draws body, hands and face"):
+            parse_units([ControlNet("controlnet", img, preprocessor=name)])
+
+
+def test_lanczos_identity_and_gaussian_constant():
+    """Two properties that hold whatever OpenCV / scipy do: a constant plane stays (nearly) constant through
+    Lanczos-4 and exactly through the normalised gaussian's reflect edges up to rounding."""
+    a = np.full((2, 5, 7), 3.0, np.float32)
+    np.testing.assert_allclose(openposebody.lanczos4(a, 56, 40), 3.0, rtol=1e-6)
+    np.testing.assert_allclose(openposebody.gaussian3(np.full((1, 30, 40), 2.0)), 2.0, rtol=1e-12)
