@@ -4,7 +4,8 @@ tests/pipelines/openpose_helpers.py writes, drawn at the image's size with hands
 
     PYTHONPATH=scripts:core/src:tests/pipelines /work/refvenv/bin/python scripts/ref_openpose_body.py
 
-Writes tests/data/openpose/body_refs.npz: the image, the map, candidate and subset. controlnet_aux's package
+Writes tests/data/openpose/body_refs.npz: the image, the map, candidate and subset, and OpenCV's Lanczos-4
+(float32, uint8) and area (float32) resizes and scipy's gaussian_filter(sigma=3) of small random arrays. controlnet_aux's package
 __init__ imports every annotator (torchvision, timm); only its open_pose package is loaded here, with
 face.py's torchvision import stubbed (the face model is not used).
 """
@@ -50,10 +51,23 @@ def main() -> None:
         candidate, subset = body(np.ascontiguousarray(image[:, :, ::-1]))
     print("candidates", len(candidate), "people", len(subset), "parts", [int(s[-1]) for s in subset],
           "lit pixels", int((canvas.sum(-1) > 0).sum()))
+    import cv2
+    from scipy.ndimage import gaussian_filter
+
+    rng = np.random.default_rng(7)
+    prims = {"lz_in": (rng.standard_normal((23, 19)) * 3).astype(np.float32),
+             "lz8_in": rng.integers(0, 256, (30, 21, 3), dtype=np.uint8),
+             "area_in": (rng.standard_normal((184, 144)) * 3).astype(np.float32),
+             "gauss_in": rng.standard_normal((40, 31)) * 2}
+    prims["lz_out"] = cv2.resize(prims["lz_in"], (19 * 8, 23 * 8), interpolation=cv2.INTER_LANCZOS4)
+    prims["lz_odd_out"] = cv2.resize(prims["lz_in"], (37, 61), interpolation=cv2.INTER_LANCZOS4)
+    prims["lz8_out"] = cv2.resize(prims["lz8_in"], (34, 49), interpolation=cv2.INTER_LANCZOS4)
+    prims["area_out"] = cv2.resize(prims["area_in"], (117, 150), interpolation=cv2.INTER_AREA)
+    prims["gauss_out"] = gaussian_filter(prims["gauss_in"], sigma=3)
     out = ROOT / "tests" / "data" / "openpose" / "body_refs.npz"
     out.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(out, image=image, map=canvas, candidate=np.asarray(candidate, np.float64).reshape(-1, 4),
-                        subset=np.asarray(subset, np.float64).reshape(-1, 20))
+                        subset=np.asarray(subset, np.float64).reshape(-1, 20), **prims)
     print("wrote", out)
 
 

@@ -52,6 +52,7 @@ def test_openpose_map_equals_the_extension(refs, models, backend):
     np.testing.assert_allclose(cand[:, 2], refs["candidate"][:, 2], atol=1e-4)
     np.testing.assert_array_equal(subset[:, :18], refs["subset"][:, :18])
     np.testing.assert_array_equal(subset[:, 19], refs["subset"][:, 19])
+    np.testing.assert_allclose(subset[:, 18], refs["subset"][:, 18], atol=1e-3)  # total scores (heatmap values)
     h, w = refs["image"].shape[:2]
     made = posemaps.draw(people, h, w, hands=False, face=False)
     assert np.array_equal(made, refs["map"]), int((made != refs["map"]).any(-1).sum())
@@ -93,6 +94,17 @@ def test_units_and_refused_modules():
     for name in ("openpose_hand", "openpose_face", "openpose_full"):
         with pytest.raises(InputError, match="dw_openpose_full draws body, hands and face"):
             parse_units([ControlNet("controlnet", img, preprocessor=name)])
+
+
+def test_resizes_and_gaussian_equal_opencv_and_scipy(refs):
+    """The primitives bit for bit: OpenCV 5's INTER_LANCZOS4 on float32 (x8 as body.py, and an odd size that
+    leaves columns to its scalar loop), on uint8, INTER_AREA on float32, scipy's gaussian_filter(sigma=3)."""
+    a = refs["lz_in"][None]
+    assert np.array_equal(openposebody.lanczos4(a, 152, 184)[0], refs["lz_out"])
+    assert np.array_equal(openposebody.lanczos4(a, 37, 61)[0], refs["lz_odd_out"])
+    assert np.array_equal(openposebody.lanczos4(refs["lz8_in"], 34, 49), refs["lz8_out"])
+    assert np.array_equal(openposebody._area_float(refs["area_in"][None], 117, 150)[0], refs["area_out"])
+    assert np.array_equal(openposebody.gaussian3(refs["gauss_in"][None])[0], refs["gauss_out"])
 
 
 def test_lanczos_identity_and_gaussian_constant():
