@@ -113,3 +113,39 @@ def test_lanczos_identity_and_gaussian_constant():
     a = np.full((2, 5, 7), 3.0, np.float32)
     np.testing.assert_allclose(openposebody.lanczos4(a, 56, 40), 3.0, rtol=1e-6)
     np.testing.assert_allclose(openposebody.gaussian3(np.full((1, 30, 40), 2.0)), 2.0, rtol=1e-12)
+
+
+def test_openpose_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with openpose gives the image of a unit fed its map by hand; the CLI's --control-pose-models runs it
+    and writes the module in the infotext; without the file, one line naming the flag."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["image"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="openpose", processor_res=152, pose_models=models)
+        gen = pipe.generate("a dancer", controlnets=[unit], **kw)
+        by_hand = pipe("a dancer", controlnets=[("controlnet", preprocessors.preprocess(
+            image, "openpose", resolution=152, models=models, backend=backend))], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: openpose, Model: controlnet")
+    png, out = tmp_path / "dancers.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a dancer", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "openpose"]
+    assert main([*args, "--control-pose-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: openpose, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-pose-models" in err and "body_pose_model.pth" in err, err
+    assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no body_pose_model.pth in {tmp_path}" in err, err
