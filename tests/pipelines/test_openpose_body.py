@@ -107,6 +107,17 @@ def test_resizes_and_gaussian_equal_opencv_and_scipy(refs):
     assert np.array_equal(openposebody.gaussian3(refs["gauss_in"][None])[0], refs["gauss_out"])
 
 
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4), (2100, 1, 3)])
+def test_tiny_and_odd_images_make_a_map(models, shape):
+    """Grown from one pixel (Lanczos on uint8), 2-D and RGBA images, and one too narrow to scale (a black map)."""
+    register("openvino")
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    made = preprocessors.preprocess(img, "openpose", models=models, backend="openvino")
+    assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "openpose", models=models, backend="openvino")
+
+
 def test_lanczos_identity_and_gaussian_constant():
     """Two properties that hold whatever OpenCV / scipy do: a constant plane stays (nearly) constant through
     Lanczos-4 and exactly through the normalised gaussian's reflect edges up to rounding."""

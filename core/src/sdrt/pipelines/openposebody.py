@@ -468,7 +468,11 @@ class OpenPoseBody:
         return (upsample(out["heatmaps"][0], unpadded, h, w), upsample(out["pafs"][0], unpadded, h, w))
 
     def body(self, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """body.py's ``(candidate, subset)`` of an RGB uint8 image."""
+        """body.py's ``(candidate, subset)`` of an RGB uint8 image; an image so narrow that its scaled width is
+        under a pixel (OpenCV refuses to resize to it, and the extension stops there) finds nobody."""
+        h, w = rgb.shape[:2]
+        if int(w * (0.5 * BOXSIZE / h)) < 1:
+            return np.zeros((0, 4)), np.zeros((0, 20))
         return estimate(*self.maps(rgb))
 
     def people(self, rgb: np.ndarray) -> list[Any]:
