@@ -298,15 +298,21 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         shared = len(args.control_pose_models) == 1 and any(pre in WITH_MODELS for pre in pres)
         for pre, models in zip(pres, poses):  # in the flag's words
             if models is not None and pre not in WITH_MODELS and not shared:
-                raise InputError(f"--control-pose-models is for dw_openpose_full, and the preprocessor is "
+                raise InputError(f"--control-pose-models is for dw_openpose_full and openpose, and the preprocessor is "
                                  f"{pre or 'none'}", where="--control-pose-models",
                                  fix="pass --control-preprocessor dw_openpose_full, or leave --control-pose-models out")
             if pre in WITH_MODELS:
                 if models is None:
-                    raise InputError("dw_openpose_full needs DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx",
-                                     where="--control-preprocessor dw_openpose_full",
+                    need = ("body_pose_model.pth" if pre == "openpose" else
+                            "DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx")
+                    raise InputError(f"{pre} needs {need}", where=f"--control-preprocessor {pre}",
                                      fix="pass --control-pose-models FOLDER holding them")
-                find_files(models, what="--control-pose-models")
+                if pre == "openpose":
+                    from ..pipelines.openposebody import find_file
+
+                    find_file(models, what="--control-pose-models")
+                else:
+                    find_files(models, what="--control-pose-models")
         backend = getattr(args, "backend", None) or "auto"
         units = []
         for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm in zip(

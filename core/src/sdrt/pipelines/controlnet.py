@@ -255,17 +255,18 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.start > unit.end:
             raise InputError(f"{where} starts at {unit.start:g}, after its end {unit.end:g}", where=where,
                              fix="pass start <= end (fractions of the steps, 0 to 1)")
+        from .preprocessors import NOT_HERE
+
+        if unit.preprocessor in NOT_HERE:
+            raise InputError(f"{where}: {NOT_HERE[unit.preprocessor]}", where=where,
+                             fix="use preprocessor='dw_openpose_full' (or 'openpose' for the body alone)")
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
         if unit.preprocessor in WITH_MODELS:
-            from .posedetect import find_files
+            from .preprocessors import check_pose_files
 
-            if unit.pose_models is None:
-                raise InputError(f"{where}: the {unit.preprocessor} preprocessor needs DWPose's yolox_l.onnx and "
-                                 "dw-ll_ucoco_384.onnx", where=f"{where} pose_models",
-                                 fix="pass pose_models=FOLDER holding them (or the two files)")
-            find_files(unit.pose_models, what=f"{where} pose_models")
+            check_pose_files(unit.preprocessor, unit.pose_models, f"{where} pose_models")
         unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
         unit.hr_option = hr_option(unit.hr_option, f"{where} hr_option")
         if not isinstance(unit.inpaint_crop, (bool, np.bool_)):

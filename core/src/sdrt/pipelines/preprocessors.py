@@ -18,6 +18,7 @@ color                   -                                            its own (ar
 recolor_luminance       Gamma Correction 1 (0 to 256)                -                   colormaps
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
+openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -40,7 +41,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "SPECS", "WITH_MODELS", "dwpose", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -81,7 +82,11 @@ SPECS: dict[str, Spec] = {
     "recolor_luminance": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
+    "openpose": Spec("pad", models=True),
 }
+#: the extension's other torch OpenPose modules, refused with what works instead
+NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
+            for n in ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
@@ -168,6 +173,40 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
     return _DWPOSE[key]
 
 
+def check_pose_files(name: str, models: Any, where: str) -> None:
+    """An ``InputError`` (naming ``where``) unless ``models`` holds the files ``name`` runs."""
+    if name == "openpose":
+        from .openposebody import BODY_FILE, find_file
+
+        if models is None:
+            raise InputError(f"{where}: the openpose preprocessor needs {BODY_FILE}", where=where,
+                             fix="pass the folder that holds it (or the file)")
+        find_file(models, what=where)
+        return
+    from .posedetect import find_files
+
+    if models is None:
+        raise InputError(f"{where}: the {name} preprocessor needs DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx",
+                         where=where, fix="pass the folder that holds them (or the two files)")
+    find_files(models, what=where)
+
+
+def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.openposebody.OpenPoseBody` of ``models`` (``body_pose_model.pth`` or a folder
+    holding it in the extension's layout), kept (one at a time) per file and backend."""
+    from .openposebody import OpenPoseBody, find_file
+
+    check_pose_files("openpose", models, where)
+    path = find_file(models, what=where)
+    key = ("openpose", str(path), backend, str(device))
+    if key not in _DWPOSE:
+        for old in _DWPOSE.values():
+            old.close()
+        _DWPOSE.clear()
+        _DWPOSE[key] = OpenPoseBody(path, backend=backend, device=device)
+    return _DWPOSE[key]
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -178,8 +217,11 @@ def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, A
     extension's ``dw_openpose_full`` map and the JSON its ``json_pose_callback`` receives (pixels of that image)."""
     from . import posemaps
 
-    people = posemaps.people_from_keypoints(detector(rgb))
     h, w = rgb.shape[:2]
+    if hasattr(detector, "people"):  # OpenPose's body model: keypoints as fractions of the image, body only
+        people = detector.people(rgb)
+        return posemaps.draw(people, h, w, hands=False, face=False), posemaps.to_json(people, h, w)
+    people = posemaps.people_from_keypoints(detector(rgb))
     return posemaps.draw(people, h, w), posemaps.to_json(people, h, w)
 
 
@@ -218,6 +260,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
     elif name == "dw_openpose_full":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.posedetect"), dwpose(models, backend, device, where))
+    elif name == "openpose":
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
+                       openpose_body(models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

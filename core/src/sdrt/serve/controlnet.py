@@ -33,7 +33,7 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
@@ -52,6 +52,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "color": [_RES],
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -495,7 +496,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
-    extra = {"pose_models": pose_files(registry.models_dir, f("module"))} if pre in WITH_MODELS else {}
+    extra = {"pose_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
@@ -506,12 +507,24 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     return made, reads
 
 
-def pose_files(models: Path | None, field: str) -> tuple[Path, Path]:
-    """DWPose's two files for ``dw_openpose_full``, found under the models folder (or the folder above it, an A1111
-    or ComfyUI root) in sd-webui-controlnet's or ComfyUI's layout; a 400 naming where it looked otherwise."""
+def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -> tuple[Path, ...]:
+    """DWPose's two files for ``dw_openpose_full`` (``body_pose_model.pth`` for ``openpose``), found under the
+    models folder (or the folder above it, an A1111 or ComfyUI root) in sd-webui-controlnet's or ComfyUI's layout;
+    a 400 naming where it looked otherwise."""
     from ..pipelines.posedetect import DET_FILE, LAYOUTS, POSE_FILE, find_files
 
     roots = [] if models is None else [Path(models), Path(models).parent]
+    if pre == "openpose":
+        from ..pipelines.openposebody import BODY_FILE, find_file
+
+        for root in roots:
+            try:
+                return (find_file(root, what=field),)
+            except InputError:
+                continue
+        where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in roots) or "no models folder"
+        raise ApiError(400, f"{field}: openpose needs {BODY_FILE}, found in neither {where}; put it in "
+                            f"<models>/{LAYOUTS[0]} (the extension's layout)", field=field)
     for root in roots:
         try:
             return find_files(root)
@@ -571,7 +584,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
                          lambda name: name, max_res)
     out = []
     poses = []
-    files = pose_files(models, "controlnet_module") if pre in WITH_MODELS else None
+    files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
         if files is not None:
@@ -589,16 +602,18 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
 
 
-def _pose_detect(rgb: Any, files: tuple[Path, Path], res: int) -> tuple[Any, dict[str, Any]]:
+def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int) -> tuple[Any, dict[str, Any]]:
     """The dw_openpose_full map and OpenPose JSON of one image as the extension's detect makes them: at the
     processor resolution, padded to 64 (the JSON in pixels of the padded image, as the extension's callback)."""
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import dwpose, pose_detect
+    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    made, pose = pose_detect(padded, dwpose(files, where="controlnet_module"))
+    det = (openpose_body(files[0], where="controlnet_module") if len(files) == 1 else
+           dwpose(files, where="controlnet_module"))
+    made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
 
 
