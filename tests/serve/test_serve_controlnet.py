@@ -305,6 +305,20 @@ def test_controlnet_routes(cn_server) -> None:
     assert "GET /controlnet/module_list" in get("/controlnet/control_types").json()["message"]
 
 
+@pytest.mark.parametrize("module, words", [("dw_openpose_full", "needs DWPose's yolox_l.onnx"),
+                                            ("openpose", "needs body_pose_model.pth")])
+def test_pose_modules_without_their_files_say_where_to_put_them_without_server_paths(cn_server, module, words):
+    """A pose module whose model files are not under the models folder: a 400 on the module field naming the
+    folders looked in as ``<models>`` (the server's own paths stay out of answers, as the request fuzz requires)."""
+    photo = np.zeros((64, 64, 3), np.uint8)
+    r = requests.post(f"{cn_server}/controlnet/detect", json={"controlnet_module": module,
+                                                               "controlnet_input_images": [_b64(photo)]}, timeout=60)
+    assert r.status_code == 400, r.text
+    body = r.json()
+    assert words in body["message"] and "<models>/extensions/sd-webui-controlnet" in body["message"], body
+    assert "/tmp" not in body["message"] and "\n" not in body["message"] and body["field"] == "controlnet_module"
+
+
 def test_detect(cn_server) -> None:
     photo = _photo()
     post = lambda body: requests.post(f"{cn_server}/controlnet/detect", json=body, timeout=60)  # noqa: E731
@@ -317,7 +331,7 @@ def test_detect(cn_server) -> None:
     none = post({"controlnet_module": "none", "controlnet_input_images": [_b64(photo)]}).json()
     assert np.array_equal(_rgb(none["images"][0]), photo)
     for body, status, words in (({"controlnet_module": "canny", "controlnet_input_images": []}, 422, "No image"),
-                                ({"controlnet_module": "openpose", "controlnet_input_images": [_b64(photo)]}, 400,
+                                ({"controlnet_module": "segmentation_ofade20k", "controlnet_input_images": [_b64(photo)]}, 400,
                                  "not one of sdrt's"),
                                 ({"controlnet_module": "canny", "controlnet_input_images": ["@@"]}, 400, "base64")):
         r = post(body)

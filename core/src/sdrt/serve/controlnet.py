@@ -522,7 +522,8 @@ def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -
                 return (find_file(root, what=field),)
             except InputError:
                 continue
-        where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in roots) or "no models folder"
+        where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
+        or "no models folder"  # the server's folders as the admin names them: no server path in an answer
         raise ApiError(400, f"{field}: openpose needs {BODY_FILE}, found in neither {where}; put it in "
                             f"<models>/{LAYOUTS[0]} (the extension's layout)", field=field)
     for root in roots:
@@ -530,7 +531,8 @@ def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -
             return find_files(root)
         except InputError:
             continue
-    where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in roots) or "no models folder"
+    where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
+        or "no models folder"  # the server's folders as the admin names them: no server path in an answer
     raise ApiError(400, f"{field}: dw_openpose_full needs DWPose's {DET_FILE} and {POSE_FILE}, found in neither "
                         f"{where}; put them in <models>/{LAYOUTS[0]} (the extension's layout) or <models>/{LAYOUTS[3]}",
                    field=field)
