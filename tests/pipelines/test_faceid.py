@@ -143,6 +143,22 @@ def test_a_picture_without_a_face_is_one_error_on_the_picture(adapters, tiny_enc
     assert info.value.where == "ip_adapter_image"
 
 
+@pytest.mark.parametrize("shape", [(1, 700, 3), (700, 1, 3), (2, 1500)])
+def test_a_picture_too_thin_for_the_detector_finds_no_face(shape):
+    """A side that the 640x640 canvas shrinks to no pixel (aspect over 640:1): no face, as nothing is there to see;
+    insightface's cv2.resize to a zero side raised, and sdrt divided by zero."""
+    from sdrt.pipelines.faces import face_of
+
+    register("reference")
+    models = FaceModels(BUFFALO, backend="reference")
+    rgb = np.full(shape, 200, np.uint8)
+    rgb = np.repeat(rgb[..., None], 3, axis=2) if rgb.ndim == 2 else rgb
+    assert models.detect(rgb) == []
+    with pytest.raises(InputError, match="finds no face") as info:
+        face_of(models, rgb, "ip_adapter_image")
+    assert info.value.where == "ip_adapter_image"
+
+
 def test_faceid_without_face_models_says_which_argument(adapters, tiny_encoder_graph):  # noqa: F811
     case = CASES[0]
     unit = face_unit(case, adapters)

@@ -245,6 +245,8 @@ class FaceModels:
         else:
             nw = iw
             nh = int(nw * (bgr.shape[0] / bgr.shape[1]))
+        if nh == 0 or nw == 0:  # over 640:1, a side shrinks to nothing: nothing to see (cv2.resize would raise)
+            return []
         canvas = np.zeros((ih, iw, 3), np.uint8)
         canvas[:nh, :nw] = resize_linear(bgr, nw, nh)
         out = self.detector.run({name: _blob(canvas, 127.5, 128.0)})
