@@ -164,7 +164,7 @@ def test_opencv_primitives_pixel_for_pixel(refs):
         assert np.array_equal(canvas[..., 0], refs["draw/lines"][k]), k
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4)])
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4), (1, 700, 3), (700, 1)])
 def test_tiny_and_odd_images_make_a_map(models, shape):
     register("reference")
     img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)

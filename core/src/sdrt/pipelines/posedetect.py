@@ -326,6 +326,10 @@ class DWPose:
         self.close()
 
     def detect(self, rgb: np.ndarray) -> np.ndarray | None:
+        h, w = rgb.shape[:2]
+        r = min(DET_SIZE[0] / h, DET_SIZE[1] / w)
+        if int(h * r) == 0 or int(w * r) == 0:  # over 640:1, a side shrinks to nothing: nobody to see
+            return None
         x, ratio = letterbox(rgb)
         out = self.det.run({self.det.inputs[0].name: x})
         return people(out[self.det.outputs[0].name], ratio)
