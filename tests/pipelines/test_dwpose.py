@@ -80,6 +80,26 @@ def test_json_round_trip(refs, models):
     assert len(doc["people"]) == 2 and doc["people"][0]["hand_right_keypoints_2d"] is None
 
 
+@pytest.mark.parametrize("field, value", [("pose_keypoints_2d", 1e300), ("pose_keypoints_2d", -1e300),
+                                          ("pose_keypoints_2d", 10 ** 400), ("face_keypoints_2d", 10 ** 400),
+                                          ("canvas_width", 10 ** 400)],
+                         ids=["body-1e300", "body--1e300", "body-400-digits", "face-400-digits", "canvas-400-digits"])
+def test_json_numbers_out_of_range_are_one_error_on_the_field(field, value):
+    """A keypoint of 1e300 overflowed the limb's length (OverflowError drawing it) and an integer of 400 digits
+    (JSON reads it as one) could not be made a float (OverflowError reading it): a 500 in serve's
+    render_openpose_json. Each is one InputError naming the field."""
+    body = [10.0, 10.0, 1.0] * 18
+    pose = {"people": [{"pose_keypoints_2d": body}], "canvas_width": 64, "canvas_height": 64}
+    if field == "canvas_width":
+        pose[field] = value
+    else:
+        pose["people"][0][field] = [value, 5, 1] + [20.0, 20.0, 1.0] * (17 if field == "pose_keypoints_2d" else 67)
+    with pytest.raises(InputError) as info:
+        people, h, w = posemaps.from_json(pose, "body[0]")
+        posemaps.draw(people, h, w)
+    assert info.value.where.endswith(field)
+
+
 def test_missing_files_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         posedetect.find_files(tmp_path, what="--control-pose-models")
