@@ -159,6 +159,11 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
                          "dw-ll_ucoco_384.onnx", where=where,
                          fix="pass the folder that holds them (or the two files)")
     files = find_files(models, what=where)
+    if backend != "auto":  # keyed as they resolve: a job's (the pipeline's device) and serve's detect's (None) are one
+        from ..runtime import select
+
+        be, dev = select(backend, device)
+        backend, device = be.name, dev
     key = (str(files[0]), str(files[1]), backend, str(device))
     if key not in _DWPOSE:
         for old in _DWPOSE.values():
