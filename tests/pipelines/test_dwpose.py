@@ -16,7 +16,7 @@ import dwpose_graphs  # noqa: E402
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError  # noqa: E402
-from sdrt.pipelines import posedetect, posemaps, preprocessors  # noqa: E402
+from sdrt.pipelines import controlmaps, posedetect, posemaps, preprocessors  # noqa: E402
 
 REFS = Path(__file__).parents[1] / "data" / "control" / "dwpose_refs.npz"
 CASES = ["stripes_256", "stripes_160", "checks_192"]
@@ -98,6 +98,26 @@ def test_json_numbers_out_of_range_are_one_error_on_the_field(field, value):
         people, h, w = posemaps.from_json(pose, "body[0]")
         posemaps.draw(people, h, w)
     assert info.value.where.endswith(field)
+
+
+def test_files_written_anew_at_their_paths_are_read_anew(refs, tmp_path):
+    """The compiled DWPose is kept between maps while its two files are the same version; a pose model written anew
+    at its path (another download, a fixed file) is compiled anew, as the image encoder and upscaler are."""
+    register("reference")
+    dwpose_graphs.write(tmp_path, seed=0)
+    img = refs["image/stripes"]
+    first = preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path, backend="reference")
+    kept = preprocessors.dwpose(tmp_path, "reference")
+    assert preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path,
+                                    backend="reference").tobytes() == first.tobytes()
+    assert preprocessors.dwpose(tmp_path, "reference") is kept
+    dwpose_graphs.pose_model(tmp_path / "dw-ll_ucoco_384.onnx", seed=5)
+    again = preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path, backend="reference")
+    padded, (h, w) = controlmaps.processor_input(img, 256)
+    with posedetect.DWPose(tmp_path / "yolox_l.onnx", tmp_path / "dw-ll_ucoco_384.onnx", backend="reference") as dw:
+        want = preprocessors.pose_map(padded, dw)[:h, :w]
+    assert not np.array_equal(want, first)
+    assert np.array_equal(again, want)
 
 
 def test_missing_files_one_line(tmp_path):

@@ -151,7 +151,7 @@ def threshold_fields(name: str, low: float | None, high: float | None) -> list[t
 def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.posedetect.DWPose` of ``models`` (a folder holding ``yolox_l.onnx`` and
     ``dw-ll_ucoco_384.onnx``, or one of the extension's / ComfyUI's layouts under it, or the two files), compiled
-    once per files and backend and kept (one at a time)."""
+    once per files (of one version) and backend and kept (one at a time)."""
     from .posedetect import DWPose, find_files
 
     if models is None:
@@ -164,7 +164,10 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
 
         be, dev = select(backend, device)
         backend, device = be.name, dev
-    key = (str(files[0]), str(files[1]), backend, str(device))
+    from ..stamps import file_stamp
+
+    # a file written anew at its path is another DWPose (the kept one would refuse its changed file)
+    key = (str(files[0]), str(files[1]), backend, str(device), file_stamp(files[0]), file_stamp(files[1]))
     if key not in _DWPOSE:
         for old in _DWPOSE.values():
             old.close()
