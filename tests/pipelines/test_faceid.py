@@ -99,6 +99,15 @@ def test_the_buffalo_l_folder_is_found_in_the_tools_layouts(tmp_path):
     assert info.value.where == "face_models"
 
 
+def test_one_of_the_files_given_for_the_folder_says_so():
+    """--face-models buffalo_l/det_10g.onnx: the message said the file "does not exist"; it is there, a file where
+    the folder is wanted, and the fix names that folder."""
+    with pytest.raises(InputError) as info:
+        find_face_models(BUFFALO / "det_10g.onnx")
+    assert "does not exist" not in info.value.what and "is a file" in info.value.what
+    assert str(BUFFALO) in info.value.fix and info.value.where == "face_models"
+
+
 def test_the_projections_are_diffusers_faceid_ones(adapters):
     emb = REFS["embedding"][None]
     for case in CASES:

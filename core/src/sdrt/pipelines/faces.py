@@ -65,6 +65,10 @@ def find_face_models(path: Any, where: str = "face_models") -> Path:
     for cand in (p, *(p / sub for sub in LAYOUTS)):
         if (cand / DETECTOR).is_file() and (cand / RECOGNIZER).is_file():
             return cand
+    if p.is_file():
+        raise InputError(f"{p} is a file, not InsightFace's buffalo_l folder", where=where,
+                         fix="pass {@" + where + "} the folder that holds " + f"{DETECTOR} and {RECOGNIZER} "
+                             f"({p.parent}, if it holds both)")
     have = p.is_dir()
     missing = [n for n in (DETECTOR, RECOGNIZER) if not (p / n).is_file()]
     raise InputError(f"{p} " + (f"holds no {' and no '.join(missing)}" if have else "does not exist"),
