@@ -120,6 +120,20 @@ def test_files_written_anew_at_their_paths_are_read_anew(refs, tmp_path):
     assert np.array_equal(again, want)
 
 
+def test_a_dwpose_per_backend_and_device_is_kept(refs, models):
+    """serve with several devices runs a job per device at once: each worker's DWPose is its own and kept. One
+    DWPose was kept in all, so a job on another device (or /controlnet/detect beside a job) closed the graphs a
+    running job was using."""
+    register("reference")
+    register("openvino")
+    img = refs["input/stripes_256"]
+    a = preprocessors.dwpose(models, "reference")
+    b = preprocessors.dwpose(models, "openvino")
+    np.testing.assert_allclose(a(img), refs["keypoints/ort/stripes_256"], atol=1e-3)  # a is still open
+    np.testing.assert_allclose(b(img), refs["keypoints/ort/stripes_256"], atol=1e-3)
+    assert preprocessors.dwpose(models, "reference") is a and preprocessors.dwpose(models, "openvino") is b
+
+
 def test_missing_files_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         posedetect.find_files(tmp_path, what="--control-pose-models")

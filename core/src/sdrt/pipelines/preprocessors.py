@@ -31,6 +31,7 @@ plus a colour correction of the latents while sampling, which sdrt does not have
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -88,6 +89,7 @@ AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 _DWPOSE: dict[tuple, Any] = {}
+_DWPOSE_LOCK = threading.Lock()
 
 
 def check_thresholds(name: str, low: Any, high: Any, where: str,
@@ -151,7 +153,7 @@ def threshold_fields(name: str, low: float | None, high: float | None) -> list[t
 def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.posedetect.DWPose` of ``models`` (a folder holding ``yolox_l.onnx`` and
     ``dw-ll_ucoco_384.onnx``, or one of the extension's / ComfyUI's layouts under it, or the two files), compiled
-    once per files (of one version) and backend and kept (one at a time)."""
+    once per files (of one version), backend and device, and kept (one a backend and device)."""
     from .posedetect import DWPose, find_files
 
     if models is None:
@@ -168,12 +170,14 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
 
     # a file written anew at its path is another DWPose (the kept one would refuse its changed file)
     key = (str(files[0]), str(files[1]), backend, str(device), file_stamp(files[0]), file_stamp(files[1]))
-    if key not in _DWPOSE:
-        for old in _DWPOSE.values():
-            old.close()
-        _DWPOSE.clear()
-        _DWPOSE[key] = DWPose(files[0], files[1], backend=backend, device=device)
-    return _DWPOSE[key]
+    with _DWPOSE_LOCK:
+        if key not in _DWPOSE:
+            # one kept per backend and device (serve runs a job per device at once, and /controlnet/detect beside
+            # them): only that one's older files are closed, never a graph another device's job is running
+            for old in [k for k in _DWPOSE if k[2:4] == key[2:4]]:
+                _DWPOSE.pop(old).close()
+            _DWPOSE[key] = DWPose(files[0], files[1], backend=backend, device=device)
+        return _DWPOSE[key]
 
 
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
