@@ -134,6 +134,23 @@ def test_a_dwpose_per_backend_and_device_is_kept(refs, models):
     assert preprocessors.dwpose(models, "reference") is a and preprocessors.dwpose(models, "openvino") is b
 
 
+def test_the_letterbox_of_a_photo_widens_only_the_rows_it_reads():
+    """dw_openpose_full at the image's own size (processor_res unset) letterboxes the photo itself: the resize
+    widened the whole picture to int64 first (a 12 MP photo: 426 MB at the peak); only the rows read now. The bytes
+    are cv2's still (test_dwpose_maps_equal_the_extension)."""
+    import tracemalloc
+
+    img = np.random.default_rng(3).integers(0, 256, (3000, 4000, 3), dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        x, r = posedetect.letterbox(img)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert x.shape == (1, 3, 640, 640) and r == 0.16
+    assert peak < 120e6, peak
+
+
 def test_missing_files_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         posedetect.find_files(tmp_path, what="--control-pose-models")

@@ -108,10 +108,14 @@ def resize_linear(a: np.ndarray, width: int, height: int) -> np.ndarray:
         return a.copy()
     ix, wx = _linear_axis(a.shape[1], width)
     iy, wy = _linear_axis(a.shape[0], height)
-    x = a.astype(np.int64)
-    rows = x[:, ix[:, 0]] * wx[:, 0][None, :, None] + x[:, ix[:, 1]] * wx[:, 1][None, :, None]
-    out = ((rows[iy[:, 0]] >> 4) * wy[:, 0][:, None, None] >> 16) \
-        + ((rows[iy[:, 1]] >> 4) * wy[:, 1][:, None, None] >> 16)
+    # only the source rows read, widened to int64 after the gather (the whole photo's int64 copy: 8 bytes a channel)
+    need, at = np.unique(iy, return_inverse=True)
+    at = at.reshape(iy.shape)
+    x = a[need]
+    rows = x[:, ix[:, 0]].astype(np.int64) * wx[:, 0][None, :, None] \
+        + x[:, ix[:, 1]].astype(np.int64) * wx[:, 1][None, :, None]
+    out = ((rows[at[:, 0]] >> 4) * wy[:, 0][:, None, None] >> 16) \
+        + ((rows[at[:, 1]] >> 4) * wy[:, 1][:, None, None] >> 16)
     return np.clip((out + 2) >> 2, 0, 255).astype(np.uint8)
 
 
