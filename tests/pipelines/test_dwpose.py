@@ -149,6 +149,13 @@ def test_the_letterbox_of_a_photo_widens_only_the_rows_it_reads():
         tracemalloc.stop()
     assert x.shape == (1, 3, 640, 640) and r == 0.16
     assert peak < 120e6, peak
+    tracemalloc.start()  # each person's crop: the photo was made float32 whole for every box (144 MB each here)
+    try:
+        posedetect.crop(img, np.array([1000.0, 500.0, 1600.0, 2500.0]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60e6, peak
 
 
 def test_missing_files_one_line(tmp_path):

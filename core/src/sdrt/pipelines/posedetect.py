@@ -136,11 +136,10 @@ def warp_affine(a: np.ndarray, m: np.ndarray, width: int, height: int) -> np.nda
     fx, fy = (sx - x0)[..., None], (sy - y0)[..., None]
     x0, y0 = x0.astype(np.int64), y0.astype(np.int64)
     h, w = a.shape[:2]
-    img = a.astype(np.float32)
 
-    def tap(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
+    def tap(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:  # gathered, then float32 (not the whole photo a crop)
         ok = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
-        v = img[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]
+        v = a[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)].astype(np.float32)
         return np.where(ok[..., None], v, np.float32(0))
 
     one = np.float32(1)
