@@ -16,7 +16,7 @@ import dwpose_graphs  # noqa: E402
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError  # noqa: E402
-from sdrt.pipelines import posedetect, posemaps, preprocessors  # noqa: E402
+from sdrt.pipelines import controlmaps, posedetect, posemaps, preprocessors  # noqa: E402
 
 REFS = Path(__file__).parents[1] / "data" / "control" / "dwpose_refs.npz"
 CASES = ["stripes_256", "stripes_160", "checks_192"]
@@ -80,6 +80,84 @@ def test_json_round_trip(refs, models):
     assert len(doc["people"]) == 2 and doc["people"][0]["hand_right_keypoints_2d"] is None
 
 
+@pytest.mark.parametrize("field, value", [("pose_keypoints_2d", 1e300), ("pose_keypoints_2d", -1e300),
+                                          ("pose_keypoints_2d", 10 ** 400), ("face_keypoints_2d", 10 ** 400),
+                                          ("canvas_width", 10 ** 400)],
+                         ids=["body-1e300", "body--1e300", "body-400-digits", "face-400-digits", "canvas-400-digits"])
+def test_json_numbers_out_of_range_are_one_error_on_the_field(field, value):
+    """A keypoint of 1e300 overflowed the limb's length (OverflowError drawing it) and an integer of 400 digits
+    (JSON reads it as one) could not be made a float (OverflowError reading it): a 500 in serve's
+    render_openpose_json. Each is one InputError naming the field."""
+    body = [10.0, 10.0, 1.0] * 18
+    pose = {"people": [{"pose_keypoints_2d": body}], "canvas_width": 64, "canvas_height": 64}
+    if field == "canvas_width":
+        pose[field] = value
+    else:
+        pose["people"][0][field] = [value, 5, 1] + [20.0, 20.0, 1.0] * (17 if field == "pose_keypoints_2d" else 67)
+    with pytest.raises(InputError) as info:
+        people, h, w = posemaps.from_json(pose, "body[0]")
+        posemaps.draw(people, h, w)
+    assert info.value.where.endswith(field)
+
+
+def test_files_written_anew_at_their_paths_are_read_anew(refs, tmp_path):
+    """The compiled DWPose is kept between maps while its two files are the same version; a pose model written anew
+    at its path (another download, a fixed file) is compiled anew, as the image encoder and upscaler are."""
+    register("reference")
+    dwpose_graphs.write(tmp_path, seed=0)
+    img = refs["image/stripes"]
+    first = preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path, backend="reference")
+    kept = preprocessors.dwpose(tmp_path, "reference")
+    assert preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path,
+                                    backend="reference").tobytes() == first.tobytes()
+    assert preprocessors.dwpose(tmp_path, "reference") is kept
+    dwpose_graphs.pose_model(tmp_path / "dw-ll_ucoco_384.onnx", seed=5)
+    again = preprocessors.preprocess(img, "dw_openpose_full", resolution=256, models=tmp_path, backend="reference")
+    padded, (h, w) = controlmaps.processor_input(img, 256)
+    with posedetect.DWPose(tmp_path / "yolox_l.onnx", tmp_path / "dw-ll_ucoco_384.onnx", backend="reference") as dw:
+        want = preprocessors.pose_map(padded, dw)[:h, :w]
+    assert not np.array_equal(want, first)
+    assert np.array_equal(again, want)
+
+
+def test_a_dwpose_per_backend_and_device_is_kept(refs, models):
+    """serve with several devices runs a job per device at once: each worker's DWPose is its own and kept. One
+    DWPose was kept in all, so a job on another device (or /controlnet/detect beside a job) closed the graphs a
+    running job was using."""
+    register("reference")
+    register("openvino")
+    img = refs["input/stripes_256"]
+    a = preprocessors.dwpose(models, "reference")
+    b = preprocessors.dwpose(models, "openvino")
+    np.testing.assert_allclose(a(img), refs["keypoints/ort/stripes_256"], atol=1e-3)  # a is still open
+    np.testing.assert_allclose(b(img), refs["keypoints/ort/stripes_256"], atol=1e-3)
+    assert preprocessors.dwpose(models, "reference") is a and preprocessors.dwpose(models, "openvino") is b
+
+
+def test_the_letterbox_of_a_photo_widens_only_the_rows_it_reads():
+    """dw_openpose_full at the image's own size (processor_res unset) letterboxes the photo itself: the resize
+    widened the whole picture to int64 first (a 12 MP photo: 426 MB at the peak); only the rows read now. The bytes
+    are cv2's still (test_dwpose_maps_equal_the_extension)."""
+    import tracemalloc
+
+    img = np.random.default_rng(3).integers(0, 256, (3000, 4000, 3), dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        x, r = posedetect.letterbox(img)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert x.shape == (1, 3, 640, 640) and r == 0.16
+    assert peak < 120e6, peak
+    tracemalloc.start()  # each person's crop: the photo was made float32 whole for every box (144 MB each here)
+    try:
+        posedetect.crop(img, np.array([1000.0, 500.0, 1600.0, 2500.0]))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 60e6, peak
+
+
 def test_missing_files_one_line(tmp_path):
     with pytest.raises(InputError) as e:
         posedetect.find_files(tmp_path, what="--control-pose-models")
@@ -123,7 +201,7 @@ def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, mode
         preprocessors._DWPOSE.clear()
         gen = pipe.generate("a dancer", controlnets=[unit], **kw)
         # no pose_backend: DWPose's graphs compiled on the pipeline's backend, not on "auto"'s choice
-        assert [key[2] for key in preprocessors._DWPOSE] == [pipe.backend], list(preprocessors._DWPOSE)
+        assert [key[1] for key in preprocessors._DWPOSE] == [pipe.backend], list(preprocessors._DWPOSE)
         by_hand = pipe("a dancer", controlnets=[("controlnet", ref)], **kw)[0]
         photo = pipe("a dancer", controlnets=[("controlnet", image)], **kw)[0]
     assert np.array_equal(gen.images[0], by_hand) and not np.array_equal(by_hand, photo)
@@ -164,7 +242,7 @@ def test_opencv_primitives_pixel_for_pixel(refs):
         assert np.array_equal(canvas[..., 0], refs["draw/lines"][k]), k
 
 
-@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4)])
+@pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4), (1, 700, 3), (700, 1)])
 def test_tiny_and_odd_images_make_a_map(models, shape):
     register("reference")
     img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)

@@ -78,6 +78,31 @@ def test_detect_and_render(server) -> None:
     assert r.status_code == 422 and "canvas_height" in r.json()["message"], r.text
 
 
+def test_detect_runs_dwpose_on_the_servers_backend(server, root) -> None:
+    """/controlnet/detect's DWPose compiles on the server's --backend and first device, as its units' do; it
+    compiled on 'auto' (the best installed), so serve --backend ggml detected on OpenVINO, and a detect between two
+    jobs closed and recompiled the job's graphs."""
+    from sdrt.pipelines import preprocessors
+
+    def served() -> dict:  # the server's DWPose (other tests in this process keep theirs)
+        return {k: v for k, v in preprocessors._DWPOSE.items() if k[3].startswith(str(root))}
+
+    r = requests.post(f"{server}/controlnet/detect", json={"controlnet_module": "dw_openpose_full",
+                                                           "controlnet_processor_res": 128,
+                                                           "controlnet_input_images": [_b64(REFS["image/stripes"])]},
+                      timeout=120)
+    assert r.status_code == 200, r.text
+    assert [key[1] for key in served()] == ["openvino"]
+    kept = list(served().values())
+    assert str(list(served())[0][2]).startswith("openvino:")  # resolved: the device a job's unit names
+    body = dict(prompt="a dancer", steps=1, width=64, height=64, seed=4, sampler_name="Euler",
+                alwayson_scripts={"controlnet": {"args": [{"image": _b64(REFS["image/stripes"]),
+                                                           "module": "dw_openpose_full", "model": "controlnet",
+                                                           "processor_res": 128}]}})
+    assert requests.post(f"{server}/sdapi/v1/txt2img", json=body, timeout=300).status_code == 200
+    assert list(served().values()) == kept  # the job ran on the detect's graphs, not compiled anew
+
+
 def test_txt2img_unit_equals_the_python_api(server, root) -> None:
     image = REFS["image/stripes"]
     body = dict(prompt="a dancer", steps=3, width=64, height=64, seed=4, sampler_name="Euler", cfg_scale=7,
@@ -100,4 +125,5 @@ def test_missing_files_name_where_they_were_looked_for(tmp_path) -> None:
                                                             "controlnet_input_images": [_b64(REFS["image/stripes"])]},
                           timeout=60)
     assert r.status_code == 400 and r.json()["field"] == "controlnet_module", r.text
-    assert "yolox_l.onnx" in r.json()["message"] and str(tmp_path / "models") in r.json()["message"]
+    message = r.json()["message"]  # the folders as the admin names them (<models>), not the server's paths
+    assert "yolox_l.onnx" in message and "<models>/" in message and str(tmp_path) not in message, message

@@ -65,6 +65,10 @@ def find_face_models(path: Any, where: str = "face_models") -> Path:
     for cand in (p, *(p / sub for sub in LAYOUTS)):
         if (cand / DETECTOR).is_file() and (cand / RECOGNIZER).is_file():
             return cand
+    if p.is_file():
+        raise InputError(f"{p} is a file, not InsightFace's buffalo_l folder", where=where,
+                         fix="pass {@" + where + "} the folder that holds " + f"{DETECTOR} and {RECOGNIZER} "
+                             f"({p.parent}, if it holds both)")
     have = p.is_dir()
     missing = [n for n in (DETECTOR, RECOGNIZER) if not (p / n).is_file()]
     raise InputError(f"{p} " + (f"holds no {' and no '.join(missing)}" if have else "does not exist"),
@@ -93,9 +97,13 @@ def resize_linear(img: np.ndarray, width: int, height: int) -> np.ndarray:
 
     xi, xw = taps(w, width)
     yi, yw = taps(h, height)
-    a = img.astype(np.int64)
-    rows = a[:, xi[:, 0]] * xw[:, 0, None] + a[:, xi[:, 1]] * xw[:, 1, None]  # [h, width, C]
-    s0, s1 = rows[yi[:, 0]], rows[yi[:, 1]]
+    # only the source rows read (two a destination row), widened to int64 after the gather: a photo's whole
+    # int64 copy was 8 bytes a channel (24 MP: 850 MB at the peak for a 640-pixel canvas)
+    need, at = np.unique(yi, return_inverse=True)
+    at = at.reshape(yi.shape)
+    src = img[need]
+    rows = src[:, xi[:, 0]].astype(np.int64) * xw[:, 0, None] + src[:, xi[:, 1]].astype(np.int64) * xw[:, 1, None]
+    s0, s1 = rows[at[:, 0]], rows[at[:, 1]]
     b0, b1 = yw[:, 0, None, None], yw[:, 1, None, None]
     out = (((b0 * (s0 >> 4)) >> 16) + ((b1 * (s1 >> 4)) >> 16) + 2) >> 2
     return np.clip(out, 0, 255).astype(np.uint8)
@@ -245,6 +253,8 @@ class FaceModels:
         else:
             nw = iw
             nh = int(nw * (bgr.shape[0] / bgr.shape[1]))
+        if nh == 0 or nw == 0:  # over 640:1, a side shrinks to nothing: nothing to see (cv2.resize would raise)
+            return []
         canvas = np.zeros((ih, iw, 3), np.uint8)
         canvas[:nh, :nw] = resize_linear(bgr, nw, nh)
         out = self.detector.run({name: _blob(canvas, 127.5, 128.0)})

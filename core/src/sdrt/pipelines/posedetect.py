@@ -108,10 +108,14 @@ def resize_linear(a: np.ndarray, width: int, height: int) -> np.ndarray:
         return a.copy()
     ix, wx = _linear_axis(a.shape[1], width)
     iy, wy = _linear_axis(a.shape[0], height)
-    x = a.astype(np.int64)
-    rows = x[:, ix[:, 0]] * wx[:, 0][None, :, None] + x[:, ix[:, 1]] * wx[:, 1][None, :, None]
-    out = ((rows[iy[:, 0]] >> 4) * wy[:, 0][:, None, None] >> 16) \
-        + ((rows[iy[:, 1]] >> 4) * wy[:, 1][:, None, None] >> 16)
+    # only the source rows read, widened to int64 after the gather (the whole photo's int64 copy: 8 bytes a channel)
+    need, at = np.unique(iy, return_inverse=True)
+    at = at.reshape(iy.shape)
+    x = a[need]
+    rows = x[:, ix[:, 0]].astype(np.int64) * wx[:, 0][None, :, None] \
+        + x[:, ix[:, 1]].astype(np.int64) * wx[:, 1][None, :, None]
+    out = ((rows[at[:, 0]] >> 4) * wy[:, 0][:, None, None] >> 16) \
+        + ((rows[at[:, 1]] >> 4) * wy[:, 1][:, None, None] >> 16)
     return np.clip((out + 2) >> 2, 0, 255).astype(np.uint8)
 
 
@@ -132,11 +136,10 @@ def warp_affine(a: np.ndarray, m: np.ndarray, width: int, height: int) -> np.nda
     fx, fy = (sx - x0)[..., None], (sy - y0)[..., None]
     x0, y0 = x0.astype(np.int64), y0.astype(np.int64)
     h, w = a.shape[:2]
-    img = a.astype(np.float32)
 
-    def tap(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:
+    def tap(yy: np.ndarray, xx: np.ndarray) -> np.ndarray:  # gathered, then float32 (not the whole photo a crop)
         ok = (yy >= 0) & (yy < h) & (xx >= 0) & (xx < w)
-        v = img[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)]
+        v = a[np.clip(yy, 0, h - 1), np.clip(xx, 0, w - 1)].astype(np.float32)
         return np.where(ok[..., None], v, np.float32(0))
 
     one = np.float32(1)
@@ -326,6 +329,10 @@ class DWPose:
         self.close()
 
     def detect(self, rgb: np.ndarray) -> np.ndarray | None:
+        h, w = rgb.shape[:2]
+        r = min(DET_SIZE[0] / h, DET_SIZE[1] / w)
+        if int(h * r) == 0 or int(w * r) == 0:  # over 640:1, a side shrinks to nothing: nobody to see
+            return None
         x, ratio = letterbox(rgb)
         out = self.det.run({self.det.inputs[0].name: x})
         return people(out[self.det.outputs[0].name], ratio)

@@ -39,6 +39,8 @@ COLORS = [(255, 0, 0), (255, 85, 0), (255, 170, 0), (255, 255, 0), (170, 255, 0)
 HAND_EDGES = [(0, 1), (1, 2), (2, 3), (3, 4), (0, 5), (5, 6), (6, 7), (7, 8), (0, 9), (9, 10), (10, 11), (11, 12),
               (0, 13), (13, 14), (14, 15), (15, 16), (0, 17), (17, 18), (18, 19), (19, 20)]
 EPS = 0.01
+#: the largest keypoint coordinate or confidence the JSON reader takes (pixels; far outside any canvas)
+COORD_LIMIT = 1e6
 
 
 @dataclass
@@ -163,9 +165,13 @@ def _unflat(values: Any, where: str) -> list[Point] | None:
     if not values:
         return None
     if not isinstance(values, (list, tuple)) or len(values) % 3 or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in values):
+            isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
         raise InputError(f"{where} is not a flat list of x, y, confidence numbers", where=where,
                          fix="give 3 numbers per keypoint, as OpenPose's JSON does")
+    # compared as given (a 400-digit integer is no float); NaN fails it; beyond, a limb's length overflows
+    if not all(abs(v) <= COORD_LIMIT for v in values):
+        raise InputError(f"{where} holds a number that is not finite or beyond +-{COORD_LIMIT:.0e}", where=where,
+                         fix="give keypoints in pixels of the canvas (or fractions of it), confidences from 0 to 1")
     return [(float(values[i]), float(values[i + 1])) if values[i + 2] >= 1.0 else None
             for i in range(0, len(values), 3)]
 
@@ -179,7 +185,7 @@ def from_json(pose: Mapping[str, Any], where: str = "pose") -> tuple[list[Person
     sizes = []
     for key in ("canvas_height", "canvas_width"):
         v = pose.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not float(v).is_integer() or not 1 <= v <= 8192:
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not 1 <= v <= 8192 or not float(v).is_integer():
             raise InputError(f"{where}.{key} is {v!r:.40}, not a size from 1 to 8192", where=f"{where}.{key}",
                              fix=f"give {key} in pixels")
         sizes.append(int(v))

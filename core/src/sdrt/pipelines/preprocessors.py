@@ -32,6 +32,7 @@ plus a colour correction of the latents while sampling, which sdrt does not have
 from __future__ import annotations
 
 import math
+import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -93,6 +94,7 @@ AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 _DWPOSE: dict[tuple, Any] = {}
+_DWPOSE_LOCK = threading.Lock()
 
 
 def check_thresholds(name: str, low: Any, high: Any, where: str,
@@ -156,7 +158,7 @@ def threshold_fields(name: str, low: float | None, high: float | None) -> list[t
 def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.posedetect.DWPose` of ``models`` (a folder holding ``yolox_l.onnx`` and
     ``dw-ll_ucoco_384.onnx``, or one of the extension's / ComfyUI's layouts under it, or the two files), compiled
-    once per files and backend and kept (one at a time)."""
+    once per files (of one version), backend and device, and kept (one a backend and device)."""
     from .posedetect import DWPose, find_files
 
     if models is None:
@@ -164,13 +166,29 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
                          "dw-ll_ucoco_384.onnx", where=where,
                          fix="pass the folder that holds them (or the two files)")
     files = find_files(models, what=where)
-    key = (str(files[0]), str(files[1]), backend, str(device))
-    if key not in _DWPOSE:
-        for old in _DWPOSE.values():
-            old.close()
-        _DWPOSE.clear()
-        _DWPOSE[key] = DWPose(files[0], files[1], backend=backend, device=device)
-    return _DWPOSE[key]
+    return _kept("dw_openpose_full", files, backend, device, lambda be, dev: DWPose(files[0], files[1], backend=be,
+                                                                                   device=dev))
+
+
+def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: Any) -> Any:
+    """The pose detector ``make(backend, device)`` of ``files``, kept: one per kind, backend and device (serve runs
+    a job per device at once, and /controlnet/detect beside them), keyed on the files' versions (a file written anew
+    at its path is another detector: the kept one would refuse its changed file); only that kind's older one on the
+    same backend and device is closed, never a graph another device's job is running."""
+    if backend != "auto":  # keyed as they resolve: a job's (the pipeline's device) and serve's detect's (None) are one
+        from ..runtime import select
+
+        be, dev = select(backend, device)
+        backend, device = be.name, dev
+    from ..stamps import file_stamp
+
+    key = (kind, backend, str(device), *(str(f) for f in files), *(file_stamp(f) for f in files))
+    with _DWPOSE_LOCK:
+        if key not in _DWPOSE:
+            for old in [k for k in _DWPOSE if k[:3] == key[:3]]:
+                _DWPOSE.pop(old).close()
+            _DWPOSE[key] = make(backend, device)
+        return _DWPOSE[key]
 
 
 def check_pose_files(name: str, models: Any, where: str) -> None:
@@ -193,18 +211,12 @@ def check_pose_files(name: str, models: Any, where: str) -> None:
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.openposebody.OpenPoseBody` of ``models`` (``body_pose_model.pth`` or a folder
-    holding it in the extension's layout), kept (one at a time) per file and backend."""
+    holding it in the extension's layout), kept as :func:`dwpose`'s are."""
     from .openposebody import OpenPoseBody, find_file
 
     check_pose_files("openpose", models, where)
     path = find_file(models, what=where)
-    key = ("openpose", str(path), backend, str(device))
-    if key not in _DWPOSE:
-        for old in _DWPOSE.values():
-            old.close()
-        _DWPOSE.clear()
-        _DWPOSE[key] = OpenPoseBody(path, backend=backend, device=device)
-    return _DWPOSE[key]
+    return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:

@@ -560,10 +560,11 @@ def render_openpose_json(body: Any) -> dict[str, Any]:
     return {"images": out, "info": "Success"}
 
 
-def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None = None) -> dict[str, Any]:
+def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None = None, backend: str = "auto",
+           device: Any = None) -> dict[str, Any]:
     """``POST /controlnet/detect``: each input image's control map at the processor resolution, base64 PNGs
     (``dw_openpose_full``: with the OpenPose JSON of each image as ``poses``, DWPose's files found under
-    ``models``)."""
+    ``models`` and compiled on ``backend`` / ``device``, the server's, as its units' are)."""
     import base64
     import secrets
 
@@ -590,7 +591,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
         if files is not None:
-            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res))
+            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
             continue
@@ -604,7 +605,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
 
 
-def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int) -> tuple[Any, dict[str, Any]]:
+def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
+                 ) -> tuple[Any, dict[str, Any]]:
     """The dw_openpose_full map and OpenPose JSON of one image as the extension's detect makes them: at the
     processor resolution, padded to 64 (the JSON in pixels of the padded image, as the extension's callback)."""
     import numpy as np
@@ -613,8 +615,8 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int) -> tuple[Any, dict
     from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    det = (openpose_body(files[0], where="controlnet_module") if len(files) == 1 else
-           dwpose(files, where="controlnet_module"))
+    det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
+           dwpose(files, backend, device, where="controlnet_module"))
     made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
 

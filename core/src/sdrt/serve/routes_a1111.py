@@ -276,7 +276,8 @@ async def cn_detect(request: Request) -> JSONResponse:
     body = await read_json(request, st.limits.max_body_bytes)
     lim = st.limits
     return JSONResponse(await run_in_threadpool(controlnet.detect, body, lim.max_width * lim.max_height * 4,
-                                                max(lim.max_width, lim.max_height), st.registry.models_dir))
+                                                max(lim.max_width, lim.max_height), st.registry.models_dir,
+                                                st.config.backend, st.config.devices[0]))
 
 
 async def cn_render_openpose(request: Request) -> JSONResponse:
