@@ -37,6 +37,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {printable(message)}. Where: {self.prog}. What to do: see `{self.prog} --help` for "
                      "its arguments.\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """``--backend=--`` is the value ``--``: Python 3.11's argparse dropped it as the end-of-options marker and
+        gave the option an empty list, which reached the command as a list (``sdrt cache --backend=--``: a
+        TypeError traceback; ``--steps=--``: no number at all)."""
+        if action.option_strings and action.nargs in (None, argparse.OPTIONAL) and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None

@@ -1,0 +1,40 @@
+"""Defects tests/fuzz/test_fuzz_cli.py and test_fuzz_pictures.py found, each pinned by a hand-written case: every
+one was a traceback (or a misleading line) where the command owes one line naming the flag."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdrt.cli import main
+
+
+def _one_error(capsys: pytest.CaptureFixture[str]) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(lines) == 1, err
+    return lines[0]
+
+
+@pytest.mark.parametrize("args, flag", [
+    (["cache", "list", "--backend=--"], "'--'"),
+    (["generate", "a fox", "--steps=--", "--dry-run"], "--steps"),
+    (["generate", "a fox", "--sampler=--", "--dry-run"], "--sampler"),
+    (["generate", "a fox", "--lora=--", "--dry-run"], "--lora"),
+])
+def test_an_option_given_the_value_dashdash_is_that_value_not_an_empty_list(tmp_path, capsys, args, flag):
+    """``--backend=--``: Python 3.11's argparse took the ``--`` for the end of the options and gave the option an
+    empty list, a TypeError traceback in ``sdrt cache``; now ``--`` is the value, refused in the flag's words."""
+    if args[0] == "cache":
+        args = [*args, "--cache-dir", str(tmp_path / "cache")]
+    rc = main(args) if args[0] != "generate" else _exit(args)
+    assert rc in (1, 2)
+    line = _one_error(capsys)
+    assert flag in line, line
+
+
+def _exit(args: list[str]) -> int:
+    try:
+        return main(args)
+    except SystemExit as exc:  # argparse's refusal
+        return int(exc.code)
