@@ -38,3 +38,27 @@ def _exit(args: list[str]) -> int:
         return main(args)
     except SystemExit as exc:  # argparse's refusal
         return int(exc.code)
+
+
+DATA = __import__("pathlib").Path(__file__).resolve().parents[1] / "data"
+
+
+@pytest.mark.parametrize("flag, words", [
+    ("--mask-blur", "--mask-blur must be an integer"), ("--resize-mode", "unknown resize mode"),
+    ("--control-resize", "unknown resize mode"), ("--control-mode", "is not a ControlNet control mode"),
+    ("--preview-size", "--preview-size must be a whole number"), ("--preview-every", "--preview-every must be a whole"),
+])
+def test_a_superscript_digit_is_refused_in_the_flags_words_not_a_traceback(registry, tmp_path, capsys, flag, words):
+    """``--mask-blur ²``: ``"²".isdigit()`` is True and ``int("²")`` a ValueError, a traceback from each flag that
+    read its number with ``isdigit``; ``isdecimal`` is what ``int`` reads (Arabic-Indic digits too)."""
+    from PIL import Image
+
+    picture = tmp_path / "in.png"
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(picture)
+    (tmp_path / "previews").mkdir()
+    args = ["generate", str(DATA / "pipelines" / "tiny-sd15-controlnet"), "a fox", "--init-image", str(picture),
+            "--mask", str(picture), "--control-image", str(picture), "--preview-dir", str(tmp_path / "previews"),
+            flag, "²", "--dry-run", "--backend", "reference"]
+    assert main(args) == 1
+    line = _one_error(capsys)
+    assert words in line and f"Where: {flag}." in line, line

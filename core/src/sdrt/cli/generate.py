@@ -394,7 +394,7 @@ def _mask_blur(text: str | None) -> object:
     if text is None:
         return None
     parts = text.split(",")
-    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+    if len(parts) in (1, 2) and all(p.strip().isdecimal() for p in parts):
         values = [int(p) for p in parts]
         return values[0] if len(values) == 1 else tuple(values)
     return text

@@ -261,10 +261,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["preview"] = args.preview_decoder
     if args.preview_size is not None:
         text = str(args.preview_size).strip().lower()
-        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdigit() else text
+        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdecimal() else text
     if args.preview_every is not None:
         every = args.preview_every
-        if not str(every).strip().isdigit() or int(every) < 1:
+        if not str(every).strip().isdecimal() or int(every) < 1:
             raise InputError(f"{{@preview_every}} must be a whole number of steps, at least 1, got {every!r}",
                              where="preview_every", fix="pass e.g. 5 (a preview every 5 steps)")
         if args.preview_dir is None:

@@ -161,7 +161,7 @@ class ControlNet:
 def _named(value: Any, names: tuple[str, ...], where: str, what: str, fix: str) -> str:
     """One of the extension's ``names`` for its name (any case) or its index (an int or digits); InputError
     ``"{where} {value} is not {what}"`` otherwise."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():
         value = int(value.strip())
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(names):
         return names[int(value)]

@@ -302,7 +302,7 @@ def resize_mode(value: Any, where: str = "resize_mode", modes: tuple[str, ...] =
     Just Resize, A1111's default."""
     if value is None:
         return JUST_RESIZE
-    if isinstance(value, str) and value.strip().isdigit():  # the number, as a command line gives it
+    if isinstance(value, str) and value.strip().isdecimal():  # the number, as a command line gives it
         value = int(value.strip())
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and 0 <= value < len(modes):
         return modes[int(value)]
