@@ -62,3 +62,40 @@ def test_a_superscript_digit_is_refused_in_the_flags_words_not_a_traceback(regis
     assert main(args) == 1
     line = _one_error(capsys)
     assert words in line and f"Where: {flag}." in line, line
+
+
+@pytest.mark.parametrize("flag", ["--init-image", "--mask", "--control-image", "IMAGE"])
+def test_a_picture_that_cannot_be_read_is_named_by_its_flag(registry, tmp_path, capsys, flag):
+    """A broken picture said "cannot read the init image as an image ... Where: /x/in.png": the file, never the flag
+    that gave it (nor, in the API, the argument); now "Where: --init-image /x/in.png"."""
+    from PIL import Image
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(good)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(good.read_bytes()[:40])
+    if flag == "IMAGE":
+        args = ["upscale", str(bad), "-m", str(DATA / "upscalers" / "compact_x4.safetensors"), "-o",
+                str(tmp_path / "o.png")]
+    else:
+        args = ["generate", str(DATA / "pipelines" / "tiny-sd15-controlnet"), "a fox",
+                *(["--init-image", str(good)] if flag == "--mask" else []), flag, str(bad), "--dry-run"]
+    assert main([*args, "--backend", "reference"]) == 1
+    line = _one_error(capsys)
+    assert f"Where: {flag} {bad}." in line, line
+
+
+def test_the_api_names_the_argument_of_a_picture_that_cannot_be_read(tmp_path):
+    from PIL import Image
+
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(good)
+    bad = tmp_path / "bad.png"
+    bad.write_bytes(b"not a picture")
+    for kwargs, where in (({"init_image": bad}, "init_image"), ({"init_image": good, "mask": bad}, "mask")):
+        with pytest.raises(InputError) as info:
+            pipelines.validate("a fox", **kwargs)
+        assert f"Where: {where} {bad}." in str(info.value), str(info.value)

@@ -160,7 +160,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
-                              ("hr_option", "--control-hr-option"))}}
+                              ("hr_option", "--control-hr-option"), ("control_mask", "--control-mask"))}}
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         for path in images:
             if Path(path).is_dir():

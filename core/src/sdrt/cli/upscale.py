@@ -63,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.tile_overlap}", where="--tile-overlap", fix="give --tile-overlap 8 (A1111's)")
     tile = args.tile or 1 << 30
     up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap)
-    image = to_rgb(Path(args.image), "image")
+    image = to_rgb(Path(args.image), "image", "IMAGE")
     h, w = image.shape[:2]
     size = (w * up.scale, h * up.scale) if args.scale is None else (int(w * args.scale), int(h * args.scale))
     check_size(out, *size, "output")  # a WebP over 16383 pixels a side: said now, not after the whole upscale

@@ -285,9 +285,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")
         if unit.image is None:
             raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
-        check_path(unit.image, "control image")
+        check_path(unit.image, "control image", where)
         if unit.control_mask is not None:
-            check_path(unit.control_mask, "control mask")
+            check_path(unit.control_mask, "control mask", f"{where} control_mask")
         units.append(unit)
     return units
 

@@ -25,9 +25,9 @@ ImageLike = Any  # np.ndarray | PIL.Image.Image | str | os.PathLike
 PILLOW_HINT = "install Pillow: pip install pillow (from a checkout of sdrt: pip install './core[images]')"
 
 
-def _open_file(path: Path, what: str) -> np.ndarray:
+def _open_file(path: Path, what: str, where: str | None = None) -> np.ndarray:
     """The picture at ``path`` as ``to_rgb`` (or, for a mask, ``mask_gray``) reads it."""
-    with _reading(path, what) as img:  # without Pillow: the one-line PILLOW_HINT refusal
+    with _reading(path, what, where) as img:  # without Pillow: the one-line PILLOW_HINT refusal
         from PIL import ImageOps
 
         img.load()
@@ -36,20 +36,30 @@ def _open_file(path: Path, what: str) -> np.ndarray:
         return _from_pil(ImageOps.exif_transpose(img), what)
 
 
-def _read_through(path: Path, what: str) -> None:
+def _read_through(path: Path, what: str, where: str | None = None) -> None:
     """Read the picture at ``path`` through, for ``check_path``: what ``_open_file`` would refuse is refused, a JPEG
     decoded at 1/8 scale, which reads every byte (a 24 MP photo: 0.13 s, against 0.37 s for ``_open_file``)."""
-    with _reading(path, what) as img:
+    with _reading(path, what, where) as img:
         if img.format == "JPEG":
             img.draft("RGB", (max(img.width // 8, 1), max(img.height // 8, 1)))
         img.load()
 
 
+def _at(path: Path, what: str, where: str | None) -> str:
+    """The ``where`` of an error about the file ``path`` given as ``what``: the argument it was given as (the flag on
+    the command line: ``--init-image /x/a.png``), then the path. ``where``: that argument (default: the keyword
+    ``what`` names); an identifier is rendered in the caller's words, an item (``controlnets[0]``) too."""
+    where = where or _KEYWORD.get(what, what)
+    return f"{{@{where}}} {path}" if where.isidentifier() else f"{where} {path}"
+
+
 @contextlib.contextmanager
-def _reading(path: Path, what: str) -> Iterator[Any]:
-    """The opened Pillow picture at ``path``; what Pillow cannot read, in one ``InputError`` naming the file."""
+def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
+    """The opened Pillow picture at ``path``; what Pillow cannot read, in one ``InputError`` naming the argument
+    (``where``) and the file."""
     if not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+        raise InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
+    where = _at(path, what, where)
     try:
         from PIL import Image
     except ImportError as exc:
@@ -63,17 +73,18 @@ def _reading(path: Path, what: str) -> Iterator[Any]:
             with Image.open(path) as img:
                 yield img
     except Image.DecompressionBombError as exc:
-        raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=str(path),
+        raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=where,
                          fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
     except (OSError, ValueError) as exc:
         truncated = "truncated" in str(exc)
-        raise InputError(f"cannot read the {what} as an image ({exc})", where=str(path),
+        raise InputError(f"cannot read the {what} as an image ({exc})", where=where,
                          fix="the file is incomplete: save or download it again" if truncated else
                          "use a PNG or JPEG file (or another format Pillow reads)") from exc
 
 
 #: the keyword each image is given as (its errors name it): the label otherwise
-_KEYWORD = {"init image": "init_image"}
+_KEYWORD = {"init image": "init_image", "mask": "mask", "control image": "control_image",
+            "control mask": "control_mask", "IP-Adapter image": "ip_adapter_image"}
 
 
 def _path(value: Any) -> Path | None:
@@ -155,16 +166,17 @@ def _is_pil(value: Any) -> bool:
     return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
 
 
-def check_path(value: Any, what: str) -> None:
-    """Fail early (before any model loads) on a path that does not exist or is not a picture Pillow can read."""
+def check_path(value: Any, what: str, where: str | None = None) -> None:
+    """Fail early (before any model loads) on a path that does not exist or is not a picture Pillow can read;
+    ``where``: the argument it was given as (default: the keyword ``what`` names), which the errors name."""
     path = _path(value)
     if path is not None and path.is_dir():
-        raise InputError(f"the {what} {path} is a folder, not an image file", where=str(path),
+        raise InputError(f"the {what} {path} is a folder, not an image file", where=_at(path, what, where),
                          fix="pass an image file (PNG, JPEG) in that folder")
     if path is not None and not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+        raise InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
     if path is not None:  # read now: a 0-byte or truncated file found before the model loads, not after
-        _read_through(path, what)
+        _read_through(path, what, where)
 
 
 def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None) -> np.ndarray:
@@ -173,7 +185,7 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     where = where or _KEYWORD.get(what, what)
     path = _path(value)
     if path is not None:
-        return _open_file(path, what)
+        return _open_file(path, what, where)
     if _is_pil(value):
         return _from_pil(value, what)
     arr = _array(value, what, where)
@@ -202,7 +214,7 @@ def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     argument it was given as (its errors name it)."""
     path = _path(value)
     if path is not None:
-        return _open_file(path, "mask")
+        return _open_file(path, "mask", where)
     if _is_pil(value):
         return _from_pil(value, "mask")
     arr = _array(value, "mask", where)
