@@ -99,3 +99,27 @@ def test_the_api_names_the_argument_of_a_picture_that_cannot_be_read(tmp_path):
         with pytest.raises(InputError) as info:
             pipelines.validate("a fox", **kwargs)
         assert f"Where: {where} {bad}." in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("flag", ["--init-image", "--mask", "--control-image", "--vae", "--text-encoder"])
+@pytest.mark.parametrize("special", ["devnull", "fifo"])
+def test_a_device_or_fifo_given_as_a_file_is_said_to_be_one_not_missing(registry, tmp_path, capsys, flag, special):
+    """``--init-image /dev/null`` (or a FIFO) said "the init image file does not exist", which it does; now it is
+    named for what it is, as --refiner and MODEL already said it."""
+    import os
+
+    from PIL import Image
+
+    path = os.devnull
+    if special == "fifo":
+        path = str(tmp_path / "pipe.png")
+        os.mkfifo(path)
+    good = tmp_path / "good.png"
+    Image.new("RGB", (64, 64), (90, 90, 90)).save(good)
+    extra = ["--init-image", str(good)] if flag == "--mask" else []
+    args = ["generate", str(DATA / "pipelines" / "tiny-sd15-controlnet"), "a fox", *extra, flag, path, "--dry-run",
+            "--backend", "reference"]
+    assert main(args) == 1
+    line = _one_error(capsys)
+    kind = "a character device" if special == "devnull" else "a FIFO (named pipe)"
+    assert f"{path} is {kind}" in line and "does not exist" not in line and flag in line, line

@@ -53,12 +53,27 @@ def _at(path: Path, what: str, where: str | None) -> str:
     return f"{{@{where}}} {path}" if where.isidentifier() else f"{where} {path}"
 
 
+def _missing(path: Path, what: str, where: str | None) -> InputError:
+    """The error for a ``path`` that is no regular file: a device or FIFO (``/dev/null``, which reading would take as
+    empty, or a FIFO, which would wait for a writer forever) said as what it is; else "does not exist"."""
+    from .png import _kind
+
+    try:
+        kind = _kind(path.stat().st_mode)
+    except (OSError, ValueError):
+        kind = None
+    if kind is not None:
+        return InputError(f"the {what} {path} is {kind}, not an image file", where=_at(path, what, where),
+                          fix="pass a picture file (PNG, JPEG)")
+    return InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
+
+
 @contextlib.contextmanager
 def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
     """The opened Pillow picture at ``path``; what Pillow cannot read, in one ``InputError`` naming the argument
     (``where``) and the file."""
     if not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
+        raise _missing(path, what, where)
     where = _at(path, what, where)
     try:
         from PIL import Image
@@ -174,7 +189,7 @@ def check_path(value: Any, what: str, where: str | None = None) -> None:
         raise InputError(f"the {what} {path} is a folder, not an image file", where=_at(path, what, where),
                          fix="pass an image file (PNG, JPEG) in that folder")
     if path is not None and not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
+        raise _missing(path, what, where)
     if path is not None:  # read now: a 0-byte or truncated file found before the model loads, not after
         _read_through(path, what, where)
 
