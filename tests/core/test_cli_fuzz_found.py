@@ -123,3 +123,22 @@ def test_a_device_or_fifo_given_as_a_file_is_said_to_be_one_not_missing(registry
     line = _one_error(capsys)
     kind = "a character device" if special == "devnull" else "a FIFO (named pipe)"
     assert f"{path} is {kind}" in line and "does not exist" not in line and flag in line, line
+
+
+def test_a_truncated_jpeg_is_said_to_be_incomplete_not_the_wrong_format(tmp_path):
+    """A JPEG cut short is Pillow's "Truncated File Read" (a PNG's is "image file is truncated"): the fix said "use a
+    PNG or JPEG file" of a JPEG; now, as for a PNG, that the file is incomplete."""
+    import io
+
+    from PIL import Image
+
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (90, 30, 200)).save(buf, "JPEG")
+    cut = tmp_path / "cut.jpg"
+    cut.write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    with pytest.raises(InputError) as info:
+        pipelines.validate("a fox", init_image=cut)
+    assert "the file is incomplete" in str(info.value), str(info.value)

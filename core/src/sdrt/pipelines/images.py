@@ -91,7 +91,7 @@ def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
         raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=where,
                          fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
     except (OSError, ValueError) as exc:
-        truncated = "truncated" in str(exc)
+        truncated = "truncated" in str(exc).lower()  # PNG: "image file is truncated"; JPEG: "Truncated File Read"
         raise InputError(f"cannot read the {what} as an image ({exc})", where=where,
                          fix="the file is incomplete: save or download it again" if truncated else
                          "use a PNG or JPEG file (or another format Pillow reads)") from exc
