@@ -142,3 +142,29 @@ def test_a_truncated_jpeg_is_said_to_be_incomplete_not_the_wrong_format(tmp_path
     with pytest.raises(InputError) as info:
         pipelines.validate("a fox", init_image=cut)
     assert "the file is incomplete" in str(info.value), str(info.value)
+
+
+def test_pillows_warning_on_a_damaged_picture_is_one_log_line_naming_the_flag(registry, tmp_path, capsys, caplog):
+    """A JPEG whose EXIF block is cut short is read (as viewers read it), and Pillow warns "Corrupt EXIF data": that
+    was a Python warning, two lines on stderr (Pillow's file and line, then its source) for each of the three reads of
+    a run; now one log line, naming --init-image and the file, once."""
+    import io
+    import logging
+    import warnings
+
+    from PIL import Image
+
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 64), (90, 30, 200)).save(buf, "JPEG", exif=exif.tobytes()[:14])  # the EXIF cut short
+    path = tmp_path / "damaged.jpg"
+    path.write_bytes(buf.getvalue())
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a Python warning out of the run fails it
+        with caplog.at_level(logging.WARNING, logger="sdrt"):
+            rc = main(["generate", "a fox", "--init-image", str(path), "--strength", "1", "--steps", "1", "--backend",
+                       "reference", "-o", str(tmp_path / "out.png")])
+    assert rc == 0, capsys.readouterr().err
+    said = [r.getMessage() for r in caplog.records if "Corrupt EXIF data" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith(f"--init-image {path}: "), said

@@ -9,6 +9,7 @@ work, and PNG output needs no Pillow (``sdrt.pipelines.png``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import warnings
 from collections.abc import Iterator
@@ -81,12 +82,14 @@ def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
         raise InputError(f"reading the {what} from a file needs Pillow, which is not installed", where=str(path),
                          fix=PILLOW_HINT) from exc
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             # Pillow warns (two lines on stderr) above 89 million pixels and refuses above twice that: the refusal
             # is the limit here, said in one line below
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 yield img
+        _pillow_said(caught, where)
     except Image.DecompressionBombError as exc:
         raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=where,
                          fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
@@ -95,6 +98,27 @@ def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
         raise InputError(f"cannot read the {what} as an image ({exc})", where=where,
                          fix="the file is incomplete: save or download it again" if truncated else
                          "use a PNG or JPEG file (or another format Pillow reads)") from exc
+
+
+#: the Pillow warnings logged already, (where, message): a picture is read more than once a run
+_SAID: set[tuple[str, str]] = set()
+
+
+def _pillow_said(caught: list[Any], where: str) -> None:
+    """Pillow's warnings while it read a picture (damaged metadata: "Corrupt EXIF data", "Tag data larger than
+    file. Skipping tag 284"), each logged once, one line in the caller's words: they were Python warnings, two lines
+    each on stderr (the file and line in Pillow, then its source), once per read."""
+    from ..errors import in_caller_words
+
+    for w in caught:
+        key = (where, str(w.message))
+        if key in _SAID:
+            continue
+        if len(_SAID) > 256:
+            _SAID.clear()
+        _SAID.add(key)
+        logging.getLogger("sdrt.pipelines").warning("%s: Pillow read the picture past damaged data (%s)",
+                                                    in_caller_words(where), " ".join(str(w.message).split()))
 
 
 #: the keyword each image is given as (its errors name it): the label otherwise
