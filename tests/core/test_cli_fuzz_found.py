@@ -168,3 +168,24 @@ def test_pillows_warning_on_a_damaged_picture_is_one_log_line_naming_the_flag(re
     assert rc == 0, capsys.readouterr().err
     said = [r.getMessage() for r in caplog.records if "Corrupt EXIF data" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith(f"--init-image {path}: "), said
+
+
+@pytest.mark.parametrize("fmt, suffix", [("GIF", ".gif"), ("PNG", ".png"), ("WEBP", ".webp")])
+def test_an_animated_picture_is_its_first_frame_and_the_run_says_so(tmp_path, caplog, fmt, suffix):
+    """An animated GIF, APNG or WebP is read as its first frame (as A1111 and diffusers' load_image read it), and
+    that is said in one log line: the other frames were dropped without a word."""
+    import logging
+
+    import numpy as np
+    from PIL import Image
+
+    from sdrt.pipelines.images import to_rgb
+
+    frames = [Image.new("RGB", (16, 16), c) for c in ((0, 200, 0), (200, 0, 0), (0, 0, 200))]
+    path = tmp_path / f"anim{suffix}"
+    frames[0].save(path, fmt, save_all=True, append_images=frames[1:], duration=50, loop=0, lossless=True)
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        rgb = to_rgb(path)
+    assert np.abs(rgb.astype(int) - [0, 200, 0]).max() <= 2  # the first frame
+    said = [r.getMessage() for r in caplog.records]
+    assert said == [f"init_image {path}: an animation of 3 frames: its first frame is used"], said

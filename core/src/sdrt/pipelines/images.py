@@ -32,6 +32,9 @@ def _open_file(path: Path, what: str, where: str | None = None) -> np.ndarray:
         from PIL import ImageOps
 
         img.load()
+        frames = getattr(img, "n_frames", 1)
+        if frames > 1:  # as A1111 and diffusers' load_image read it, and said: not silently one picture of several
+            _say_once(_at(path, what, where), f"an animation of {frames} frames: its first frame is used")
         # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
         # diffusers' load_image and A1111's img2img tab read it)
         return _from_pil(ImageOps.exif_transpose(img), what)
@@ -108,17 +111,20 @@ def _pillow_said(caught: list[Any], where: str) -> None:
     """Pillow's warnings while it read a picture (damaged metadata: "Corrupt EXIF data", "Tag data larger than
     file. Skipping tag 284"), each logged once, one line in the caller's words: they were Python warnings, two lines
     each on stderr (the file and line in Pillow, then its source), once per read."""
+    for w in caught:
+        _say_once(where, f"Pillow read the picture past damaged data ({' '.join(str(w.message).split())})")
+
+
+def _say_once(where: str, text: str) -> None:
+    """Log ``where: text`` once (a picture is read more than once a run), ``where`` in the caller's words."""
     from ..errors import in_caller_words
 
-    for w in caught:
-        key = (where, str(w.message))
-        if key in _SAID:
-            continue
-        if len(_SAID) > 256:
-            _SAID.clear()
-        _SAID.add(key)
-        logging.getLogger("sdrt.pipelines").warning("%s: Pillow read the picture past damaged data (%s)",
-                                                    in_caller_words(where), " ".join(str(w.message).split()))
+    if (where, text) in _SAID:
+        return
+    if len(_SAID) > 256:
+        _SAID.clear()
+    _SAID.add((where, text))
+    logging.getLogger("sdrt.pipelines").warning("%s: %s", in_caller_words(where), text)
 
 
 #: the keyword each image is given as (its errors name it): the label otherwise
