@@ -189,3 +189,17 @@ def test_an_animated_picture_is_its_first_frame_and_the_run_says_so(tmp_path, ca
     assert np.abs(rgb.astype(int) - [0, 200, 0]).max() <= 2  # the first frame
     said = [r.getMessage() for r in caplog.records]
     assert said == [f"init_image {path}: an animation of 3 frames: its first frame is used"], said
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--refiner-switch-at", "nan"], "--refiner-switch-at without --refiner"),
+    (["--refiner-switch-at", "0.5"], "--refiner-switch-at without --refiner"),
+    (["--refiner", str(DATA / "pipelines" / "tiny-sdxl-refiner"), "--refiner-switch-at", "0"],
+     "--refiner-switch-at must be above 0"),
+])
+def test_plan_refuses_a_refiner_switch_it_would_not_use(capsys, flags, words):
+    """``sdrt plan MODEL --refiner-switch-at X`` without --refiner planned as if it were not given, whatever X (nan
+    too), and ``--refiner-switch-at 0`` with one was read as not given (the default 0.8); generate refuses both."""
+    assert main(["plan", str(DATA / "pipelines" / "tiny-sdxl"), *flags]) == 1
+    line = _one_error(capsys)
+    assert words in line, line
