@@ -203,3 +203,50 @@ def test_plan_refuses_a_refiner_switch_it_would_not_use(capsys, flags, words):
     assert main(["plan", str(DATA / "pipelines" / "tiny-sdxl"), *flags]) == 1
     line = _one_error(capsys)
     assert words in line, line
+
+
+def _unblock(fifo: str) -> None:
+    """Open ``fifo`` for writing, and close it, whenever a reader waits on it: a command that opens it for reading
+    gets an empty file, not a wait forever (what it then says fails the test; it does not hang it)."""
+    import os
+    import threading
+    import time
+
+    def run() -> None:
+        while os.path.exists(fifo):
+            try:
+                os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+            except OSError:  # ENXIO: no reader yet
+                pass
+            time.sleep(0.2)
+
+    threading.Thread(target=run, daemon=True).start()
+
+
+@pytest.mark.parametrize("command", ["quantize", "strip", "run"])
+@pytest.mark.parametrize("special", ["zero", "fifo"])
+def test_a_device_or_fifo_as_the_model_is_refused_before_it_is_read(tmp_path, capsys, command, special):
+    """``sdrt quantize /dev/zero`` read the device until memory ran out (the OOM killer ended it, or a MemoryError
+    traceback under a limit); a FIFO waited for a writer forever. Both are named for what they are, at once."""
+    import os
+    import resource
+
+    path = "/dev/zero"
+    if special == "fifo":
+        path = str(tmp_path / "pipe.onnx")
+        os.mkfifo(path)
+        _unblock(path)
+    extra = {"quantize": ["--to", "int8"], "strip": [], "run": ["--backend", "reference"]}[command]
+    out = str(tmp_path / ("out.npz" if command == "run" else "out.onnx"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_AS)  # /dev/zero read whole: a MemoryError at 4 GiB more
+    with open("/proc/self/statm") as f:
+        limit = int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE") + (4 << 30)
+    resource.setrlimit(resource.RLIMIT_AS, (min(limit, hard) if hard != resource.RLIM_INFINITY else limit, hard))
+    try:
+        rc = main([command, path, *extra, "-o", out])
+    finally:
+        resource.setrlimit(resource.RLIMIT_AS, (soft, hard))
+    assert rc == 1
+    line = _one_error(capsys)
+    kind = "a character device" if special == "zero" else "a FIFO (named pipe)"
+    assert f"is {kind}" in line, line
