@@ -250,3 +250,25 @@ def test_a_device_or_fifo_as_the_model_is_refused_before_it_is_read(tmp_path, ca
     line = _one_error(capsys)
     kind = "a character device" if special == "zero" else "a FIFO (named pipe)"
     assert f"is {kind}" in line, line
+
+
+@pytest.mark.parametrize("arg", ["init_image", "mask"])
+def test_a_lazily_opened_broken_pillow_image_is_refused_naming_the_argument(registry, tmp_path, arg):
+    """An app that passes ``Image.open(path)`` of a broken file: Pillow decodes it only when sdrt converts it, and its
+    OSError ("image file is truncated", "broken data stream") came out of generate() as it was, a traceback."""
+    from PIL import Image
+
+    from sdrt import pipelines
+    from sdrt.errors import InputError
+
+    good = tmp_path / "good.png"
+    Image.new("RGB", (64, 64), (90, 30, 200)).save(good)
+    cut = tmp_path / "cut.png"
+    cut.write_bytes(good.read_bytes()[:80])
+    kwargs = {"init_image": Image.open(cut)} if arg == "init_image" else {
+        "init_image": Image.open(good), "mask": Image.open(cut)}
+    with pipelines.load(pipelines.DEMO_MODEL, backend="reference") as pipe:
+        with pytest.raises(InputError) as info:
+            pipe.generate("a fox", steps=1, strength=1.0, **kwargs)
+    text = str(info.value)
+    assert text.startswith("cannot decode the") and f"Where: {arg}." in text and "incomplete" in text, text

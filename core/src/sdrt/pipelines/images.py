@@ -207,6 +207,26 @@ def _from_pil(img: Any, what: str) -> np.ndarray:
     return np.asarray(pil_mask(img) if what == "mask" else pil_rgb(img))
 
 
+def _decoded(img: Any, what: str, where: str) -> np.ndarray:
+    """``_from_pil`` of a Pillow image an app passes: one opened lazily (``Image.open``) is decoded only now, and a
+    broken file's error ("broken data stream", "image file is truncated") was Pillow's OSError, a traceback."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            rgb = _from_pil(img, what)
+        _pillow_said(caught, where)
+        return rgb
+    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+        name = getattr(img, "filename", "") or ""
+        truncated = "truncated" in str(exc).lower()
+        raise InputError(f"cannot decode the {what}, a Pillow image{f' of {name}' if name else ''} ({exc})",
+                         where=where, fix="the file is incomplete: save or download it again" if truncated else
+                         "pass a picture Pillow can decode (open a PNG or JPEG file, or pass a numpy array)") from exc
+
+
 def _is_pil(value: Any) -> bool:
     return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
 
@@ -232,7 +252,7 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     if path is not None:
         return _open_file(path, what, where)
     if _is_pil(value):
-        return _from_pil(value, what)
+        return _decoded(value, what, where)
     arr = _array(value, what, where)
     if arr.ndim == 2:
         arr = arr[..., None]
@@ -261,7 +281,7 @@ def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     if path is not None:
         return _open_file(path, "mask", where)
     if _is_pil(value):
-        return _from_pil(value, "mask")
+        return _decoded(value, "mask", where)
     arr = _array(value, "mask", where)
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255
