@@ -272,3 +272,22 @@ def test_a_lazily_opened_broken_pillow_image_is_refused_naming_the_argument(regi
             pipe.generate("a fox", steps=1, strength=1.0, **kwargs)
     text = str(info.value)
     assert text.startswith("cannot decode the") and f"Where: {arg}." in text and "incomplete" in text, text
+
+
+def test_an_instruct_pix2pix_model_runs_one_step_without_a_strength(registry, tmp_path, capsys):
+    """InstructPix2Pix without --strength runs every step from noise (diffusers'), so the default strength 0.75 is
+    not its: --steps 1 was refused for "the default strength 0.75 of 1 step leaves no step to run" before the model
+    was known. The refusal stays for a model that does use the default strength."""
+    from PIL import Image
+
+    picture = tmp_path / "in.png"
+    Image.new("RGB", (64, 64), (90, 30, 200)).save(picture)
+    base = ["a fox", "--init-image", str(picture), "--steps", "1", "--backend", "reference", "-o",
+            str(tmp_path / "o.png")]
+    assert main(["generate", str(DATA / "pipelines" / "tiny-sd15-ip2p"), *base]) == 0, capsys.readouterr().err
+    assert main(["generate", *base]) == 1  # the demo model: img2img at the default 0.75
+    assert "the default strength 0.75 of 1 step leaves no step to run. Where: --steps." in _one_error(capsys)
+    from sdrt import pipelines
+
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-ip2p", backend="reference") as pipe:  # the API alike
+        assert pipe.generate("a fox", init_image=picture, steps=1, seed=1).images[0].shape == (64, 64, 3)
