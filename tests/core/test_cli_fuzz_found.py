@@ -291,3 +291,22 @@ def test_an_instruct_pix2pix_model_runs_one_step_without_a_strength(registry, tm
 
     with pipelines.load(DATA / "pipelines" / "tiny-sd15-ip2p", backend="reference") as pipe:  # the API alike
         assert pipe.generate("a fox", init_image=picture, steps=1, seed=1).images[0].shape == (64, 64, 3)
+
+
+@pytest.mark.parametrize("encoding", ["utf-8", "ascii"])
+def test_a_file_name_stdout_cannot_encode_is_escaped_not_a_traceback(registry, tmp_path, monkeypatch, capsys, encoding):
+    """``-o $'\\xff.png'`` (a name of non-UTF-8 bytes, a surrogate in Python) with a strict stdout (a UTF-8 locale
+    other than C.UTF-8, or PYTHONIOENCODING): the image was written, then "wrote ..." was a UnicodeEncodeError
+    traceback and exit 1. Now the name is escaped on stdout, as stderr escapes it."""
+    import io
+    import sys
+
+    name = "\udcff-out.png" if encoding == "utf-8" else "ü-out.png"
+    raw = io.BytesIO()
+    out = io.TextIOWrapper(raw, encoding=encoding, errors="strict", write_through=True)
+    monkeypatch.setattr(sys, "stdout", out)
+    rc = main(["generate", "a fox", "--steps", "1", "--backend", "reference", "-o", str(tmp_path / name)])
+    err = capsys.readouterr().err
+    assert rc == 0 and "Traceback" not in err, err
+    said = raw.getvalue().decode(encoding)
+    assert said.startswith(f"wrote {tmp_path}/") and ("\\udcff-out.png" in said or "\\xfc-out.png" in said), said

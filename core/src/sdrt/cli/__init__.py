@@ -218,7 +218,12 @@ class _Stdout:
                               fix="free space where it goes, or redirect it elsewhere") from None
 
     def write(self, data: object) -> object:
-        return self._call("write", data)
+        try:
+            return self._call("write", data)
+        except UnicodeEncodeError:  # a file name of non-UTF-8 bytes (a surrogate) on a strict stdout: escaped, as
+            # stderr escapes it (backslashreplace); it was a traceback after the image was written
+            encoding = getattr(self._inner, "encoding", None) or "utf-8"
+            return self._call("write", str(data).encode(encoding, "backslashreplace").decode(encoding))
 
     def flush(self) -> object:
         return self._call("flush")
