@@ -99,11 +99,18 @@ def check_policy(args: list[str], rc: int, text: str) -> None:
 
 
 class _Bytes(io.StringIO):
-    """A stdout that also takes bytes (``-o -`` writes a PNG to ``sys.stdout.buffer``), and is no terminal."""
+    """A stdout that also takes bytes (``-o -`` writes a PNG to ``sys.stdout.buffer``), is no terminal, and encodes
+    as a strict UTF-8 terminal does (a UTF-8 locale other than C.UTF-8): a surrogate is a UnicodeEncodeError."""
+
+    encoding = "utf-8"
 
     def __init__(self) -> None:
         super().__init__()
         self.buffer = io.BytesIO()
+
+    def write(self, text: str) -> int:
+        text.encode(self.encoding)
+        return super().write(text)
 
     def isatty(self) -> bool:
         return False
@@ -183,6 +190,8 @@ class Sandbox:
         self.paths["newline"].write_bytes(pictures.GOOD["png"])
         self.paths["unicode"] = self.inputs / "ünï cødé 画像 🦊.png"
         self.paths["unicode"].write_bytes(pictures.GOOD["png"])
+        self.paths["not-utf8"] = self.inputs / "\udcff.png"  # the byte 0xff, as Python reads argv on Linux
+        self.paths["not-utf8"].write_bytes(pictures.GOOD["png"])
         self.out = root / "out"
         self.out.mkdir(exist_ok=True)
         self.before = self.snapshot()

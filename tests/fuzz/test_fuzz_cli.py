@@ -66,7 +66,7 @@ OUTPUTS = [str(BOX.out / "o.png"), str(BOX.out / "o"), str(BOX.out / "o.jpg"), s
            str(BOX.out / "o.txt"), str(BOX.out / "o.PNG"), str(BOX.out), str(BOX.out) + "/", str(BOX.out / "no" / "o.png"),
            "-", "/dev/null", "/dev/full", str(BOX.picture), str(BOX.paths["text"]), str(BOX.paths["folder"]),
            str(BOX.paths["fifo"]), str(BOX.paths["dangling"]), str(BOX.paths["loop"]), str(BOX.out / ".png"),
-           str(BOX.out / "\u202eo.png"), str(BOX.out / ("o" * 300 + ".png")), ""]
+           str(BOX.out / "\u202eo.png"), str(BOX.out / "\udcffo.png"), str(BOX.out / ("o" * 300 + ".png")), ""]
 
 PATHISH = ("FILE", "DIR", "PNG", "IMAGE", "ONNX", "NAME|FILE", "FILE|DIR", "DIR|FILE", "FILE[:SCALE]")
 
