@@ -310,3 +310,25 @@ def test_a_file_name_stdout_cannot_encode_is_escaped_not_a_traceback(registry, t
     assert rc == 0 and "Traceback" not in err, err
     said = raw.getvalue().decode(encoding)
     assert said.startswith(f"wrote {tmp_path}/") and ("\\udcff-out.png" in said or "\\xfc-out.png" in said), said
+
+
+#: a 16x16 PNG whose IDAT says 0 bytes, so that Pillow reads compressed data as the next chunk's header
+BROKEN_PNG = (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR\x00\x00\x00\x10\x00\x00\x00\x10\x08\x02\x00\x00\x00\x90\x91h6"
+              b"\x00\x00\x00\x00IDATx\x9ccd``\x10`\xe0 \x1e\xb10\x08p00\x90\x80F5\x8cj\x18:\x1a\x00\xb7\xb8\n\x16\xa7"
+              b"\xe9\x02r\x00\x00\x00\x00IEND\xaeB`\x82")
+
+
+@pytest.mark.parametrize("flag", ["--init-image", "--control-image", "IMAGE"])
+def test_a_png_pillow_calls_broken_is_refused_in_one_line(registry, tmp_path, capsys, flag):
+    """Found by test_fuzz_pictures: Pillow raises SyntaxError("broken PNG file (chunk ...)") for a PNG whose chunk
+    lengths lie, which the picture reader did not catch (OSError and ValueError only): a traceback."""
+    path = tmp_path / "broken.png"
+    path.write_bytes(BROKEN_PNG)
+    if flag == "IMAGE":
+        args = ["upscale", str(path), "-m", str(DATA / "upscalers" / "compact_x4.safetensors"), "-o",
+                str(tmp_path / "o.png")]
+    else:
+        args = ["generate", str(DATA / "pipelines" / "tiny-sd15-controlnet"), "a fox", flag, str(path), "--dry-run"]
+    assert main([*args, "--backend", "reference"]) == 1
+    line = _one_error(capsys)
+    assert "broken PNG file" in line and f"Where: {flag} {path}." in line, line

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -96,7 +97,8 @@ def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
     except Image.DecompressionBombError as exc:
         raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=where,
                          fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:  # Pillow's plugins raise all of them
+        # on a broken file (a PNG chunk it cannot follow: SyntaxError "broken PNG file", which was a traceback)
         truncated = "truncated" in str(exc).lower()  # PNG: "image file is truncated"; JPEG: "Truncated File Read"
         raise InputError(f"cannot read the {what} as an image ({exc})", where=where,
                          fix="the file is incomplete: save or download it again" if truncated else
@@ -219,7 +221,7 @@ def _decoded(img: Any, what: str, where: str) -> np.ndarray:
             rgb = _from_pil(img, what)
         _pillow_said(caught, where)
         return rgb
-    except (OSError, ValueError, SyntaxError, EOFError) as exc:
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
         name = getattr(img, "filename", "") or ""
         truncated = "truncated" in str(exc).lower()
         raise InputError(f"cannot decode the {what}, a Pillow image{f' of {name}' if name else ''} ({exc})",
