@@ -332,3 +332,22 @@ def test_a_png_pillow_calls_broken_is_refused_in_one_line(registry, tmp_path, ca
     assert main([*args, "--backend", "reference"]) == 1
     line = _one_error(capsys)
     assert "broken PNG file" in line and f"Where: {flag} {path}." in line, line
+
+
+def test_a_warning_about_the_control_image_names_its_flag(registry, tmp_path, caplog):
+    """The run's warnings speak the command's words through the names main holds (caller_words); generate replaced
+    that dict with a new one holding --control-image's, so a warning about a ControlNet's picture said
+    "controlnets[0] /x/c.gif: an animation of 3 frames" on the command line (found by test_fuzz_pictures)."""
+    import logging
+
+    from PIL import Image
+
+    frames = [Image.new("RGB", (64, 64), c) for c in ((0, 200, 0), (200, 0, 0))]
+    path = tmp_path / "c.gif"
+    frames[0].save(path, "GIF", save_all=True, append_images=frames[1:], duration=50, loop=0)
+    with caplog.at_level(logging.WARNING, logger="sdrt"):
+        rc = main(["generate", str(DATA / "pipelines" / "tiny-sd15-controlnet"), "a fox", "--control-image", str(path),
+                   "--steps", "1", "--backend", "reference", "-o", str(tmp_path / "o.png")])
+    assert rc == 0
+    said = [r.getMessage() for r in caplog.records if "an animation" in r.getMessage()]
+    assert said and all(s.startswith(f"--control-image {path}: ") for s in said), said

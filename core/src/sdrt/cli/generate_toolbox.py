@@ -156,11 +156,15 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
         # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
         flag = "--controlnet" if nets else "--control-image"
-        args._names = {**getattr(args, "_names", {}), **{
-            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
+        # in place: main's caller_words (the words of the run's logged warnings) holds this dict, and a new one
+        # left a warning about a unit in the API's words ("controlnets[0] /x/c.gif: ...")
+        if not hasattr(args, "_names"):
+            args._names = {}
+        args._names.update({f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)})
+        args._names.update({
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
-                              ("hr_option", "--control-hr-option"), ("control_mask", "--control-mask"))}}
+                              ("hr_option", "--control-hr-option"), ("control_mask", "--control-mask"))})
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         from ..pipelines.images import check_path
 
