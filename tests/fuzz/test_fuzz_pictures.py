@@ -135,10 +135,52 @@ ARRAYS = st.one_of(
 )
 
 
+@pytest.fixture(scope="module")
+def nets():
+    """tiny-sd15-controlnet and tiny-sd15 (for the IP-Adapter, whose encoder graph the test's is) on the reference
+    backend, one load each for every example."""
+    import sdrt_reference
+
+    from sdrt import pipelines, plugins
+    from sdrt.checkpoint import graphs
+
+    plugins.reset_registry()
+    plugins.get_registry().register_plugin(sdrt_reference, "reference", distribution="sdrt-reference")
+    real = graphs.shipped_graph
+    graphs.shipped_graph = lambda name: IPA / "clip_vision.onnx" if name == "clip_vision_h" else real(name)
+    try:
+        with pipelines.load(PIPES / "tiny-sd15-controlnet", backend="reference") as control, \
+                pipelines.load(PIPES / "tiny-sd15", backend="reference") as plain:
+            yield control, plain
+    finally:
+        graphs.shipped_graph = real
+        plugins.reset_registry()
+
+
+def _api_run(arg: str, value: object, demo, nets) -> None:
+    """One generate() (or validate(), for a FLUX.1 Kontext reference) with ``value`` as the picture ``arg``."""
+    from sdrt import pipelines
+    from sdrt.pipelines import IPAdapter
+
+    run = {"steps": 1, "width": 64, "height": 64}
+    if arg == "init_image":
+        demo.generate("a fox", init_image=value, strength=1.0, **run)
+    elif arg == "mask":
+        demo.generate("a fox", init_image=np.full((16, 16, 3), 99, np.uint8), mask=value, **run)
+    elif arg == "controlnets":
+        nets[0].generate("a fox", controlnets=[("controlnet", value)], **run)
+    elif arg == "ip_adapter":
+        nets[1].generate("a fox", ip_adapter=IPAdapter(IPA / "ip-adapter_tiny.safetensors", image=value,
+                                                       image_encoder=IPA / "image_encoder"), **run)
+    else:
+        pipelines.validate("a fox", reference_images=[value])
+
+
 @PICTURE_SETTINGS
 @given(data=st.data())
-def test_fuzz_picture_inputs_in_the_api(demo, data):
-    arg = data.draw(st.sampled_from(["init_image", "mask"]), label="argument")
+def test_fuzz_picture_inputs_in_the_api(demo, nets, data):
+    arg = data.draw(st.sampled_from(["init_image", "mask", "controlnets", "ip_adapter", "reference_images"]),
+                    label="argument")
     if data.draw(st.booleans()):
         kind, raw, suffix = data.draw(picture_files(), label="file")
         path = FOLDER / f"api{suffix}"
@@ -147,10 +189,8 @@ def test_fuzz_picture_inputs_in_the_api(demo, data):
     else:
         kind, raw, path = "array", b"", None
         value = data.draw(ARRAYS, label="array")
-    kwargs = {"init_image": value} if arg == "init_image" else {"init_image": np.full((16, 16, 3), 99, np.uint8),
-                                                                 "mask": value}
     try:
-        demo.generate("a fox", steps=1, strength=1.0, width=64, height=64, **kwargs)
+        _api_run(arg, value, demo, nets)
         event(f"{arg} {kind}: used")
         assert pictures.KINDS.get(kind) != "refused", f"{arg}: {kind} was used"
     except SdrtError as exc:
@@ -158,7 +198,8 @@ def test_fuzz_picture_inputs_in_the_api(demo, data):
         event(f"{arg} {kind}: refused")
         assert "\n" not in text and "Where:" in text and "What to do:" in text, text
         assert pictures.KINDS.get(kind) != "used" or any(w in text for w in SIZE_WORDS), f"{arg}: {kind}: {text}"
-        if path is not None and value in (str(path), path) and any(w in text for w in READ_WORDS):
-            assert f"Where: {arg} {path}" in text, text
+        if path is not None and isinstance(value, (str, Path)) and any(w in text for w in READ_WORDS):
+            named = {"controlnets": "controlnets[0]", "ip_adapter": "ip_adapter_image"}.get(arg, arg)
+            assert f"Where: {named} {path}" in text, text
     if path is not None:
         assert path.read_bytes() == raw
