@@ -140,7 +140,6 @@ def nets():
     """tiny-sd15-controlnet and tiny-sd15 (for the IP-Adapter, whose encoder graph the test's is) on the reference
     backend, one load each for every example."""
     import sdrt_reference
-
     from sdrt import pipelines, plugins
     from sdrt.checkpoint import graphs
 
