@@ -166,10 +166,14 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
                               ("hr_option", "--control-hr-option"), ("control_mask", "--control-mask"))})
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
-        from ..pipelines.images import check_path
+        from ..pipelines.images import _missing
 
-        for path in images:  # missing, a folder, a device or FIFO, or no picture: said before any model loads
-            check_path(path, "control image", "--control-image")
+        for path in images:  # missing, a folder, a device or FIFO: said before any model loads (the pipeline reads it)
+            if Path(path).is_dir():
+                raise InputError(f"the control image {path} is a folder, not an image file",
+                                 where=f"--control-image {path}", fix="pass an image file (PNG, JPEG) in that folder")
+            if not Path(path).is_file():
+                raise _missing(Path(path), "control image", "--control-image")
         from ..pipelines.controlnet import ControlNet, _num, control_mode
 
         modes = [control_mode(m, "--control-mode") for m in args.control_mode]  # in the flag's words
