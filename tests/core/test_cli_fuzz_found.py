@@ -351,3 +351,32 @@ def test_a_warning_about_the_control_image_names_its_flag(registry, tmp_path, ca
     assert rc == 0
     said = [r.getMessage() for r in caplog.records if "an animation" in r.getMessage()]
     assert said and all(s.startswith(f"--control-image {path}: ") for s in said), said
+
+
+def test_an_api_error_is_one_line_when_the_value_given_prints_on_several():
+    """``validate("a fox", cfg=np.zeros((2, 2)))``: the message quotes the value's repr, which numpy writes on two
+    lines, so str(exc) was two lines (the command escaped it; the API did not). Found by test_fuzz_validate_keywords."""
+    import numpy as np
+
+    from sdrt.errors import InputError
+    from sdrt.pipelines import validate
+
+    with pytest.raises(InputError) as info:
+        validate("a fox", cfg=np.zeros((2, 2)))
+    text = str(info.value)
+    assert "\n" not in text and "[0., 0.]]" in text and "Where: cfg." in text, text
+
+
+@pytest.mark.parametrize("keyword", ["rng", "subseed_strength", "preview", "refiner", "refiner_switch_by_steps"])
+def test_an_array_where_a_setting_is_expected_is_refused_naming_it(keyword):
+    """An array for rng=, subseed_strength=, preview=, refiner= or refiner_switch_by_steps= met a truth test
+    (``value or default``, ``value == "approx"``): numpy's "truth value of an array is ambiguous" ValueError, a
+    traceback from validate(). Found by test_fuzz_validate_keywords."""
+    import numpy as np
+
+    from sdrt.errors import InputError
+    from sdrt.pipelines import validate
+
+    with pytest.raises(InputError) as info:
+        validate("a fox", **{keyword: np.zeros(3)})
+    assert f"Where: {keyword}." in str(info.value), str(info.value)
