@@ -19,6 +19,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 from cli_fuzz import Sandbox, sdrt
 from gw_fuzz import EXAMPLES, SETTINGS
 from hypothesis import event, given, settings
@@ -164,3 +165,35 @@ def test_fuzz_other_commands(registry, data):
     event(f"{name}: exit {rc}")
     BOX.check(args)
     assert _data() == DATA_BEFORE, f"sdrt {args!r} changed the test models"
+
+
+#: values an app may pass to any keyword: the wrong type, out of range, NaN, huge, empty, numpy scalars, containers
+API_VALUES = [None, True, False, 0, 1, -1, 2, 7, 64, 65, 2**31, 2**64, -(2**63) - 1, 0.0, 0.5, -0.5, 1.5, 7.5,
+              float("nan"), float("inf"), -float("inf"), 1e308, np.float32(0.5), np.int64(64), np.uint8(8),
+              np.float64("nan"), np.bool_(True), "", " ", "1", "64", "nan", "Euler a", "karras", "cpu", "🦊", "\udcff",
+              "a\nb", [], [1], [1, 2], (64, 64), {}, {"a": 1}, b"", b"/no/such.png", np.zeros(3), np.zeros((2, 2)),
+              object(), 1 + 2j, slice(1), Path("/no/such.png")]
+
+
+@CLI_SETTINGS
+@given(data=st.data())
+def test_fuzz_validate_keywords(data):
+    """The Python API's ``validate`` (what ``generate`` checks first) with 1-4 keywords of any type and value: it
+    returns Settings or raises an SdrtError of one line that says where and what to do, naming an argument."""
+    import inspect
+
+    from sdrt.errors import SdrtError
+    from sdrt.pipelines.settings import validate
+    from sdrt.pipelines.toolbox import KEYWORDS
+
+    names = [n for n in inspect.signature(validate).parameters if n not in ("prompt", "toolbox")] + list(KEYWORDS)
+    chosen = data.draw(st.lists(st.sampled_from(names), min_size=1, max_size=4, unique=True), label="keywords")
+    kwargs = {n: data.draw(st.sampled_from(API_VALUES), label=n) for n in chosen}
+    prompt = data.draw(st.sampled_from(["a fox", "", None, 3, "\udcff", "a" * 2000]), label="prompt")
+    try:
+        validate(prompt, **kwargs)
+        event("accepted")
+    except SdrtError as exc:
+        text = str(exc)
+        event(f"refused: {type(exc).__name__}")
+        assert "\n" not in text and " Where: " in text and " What to do: " in text, text
