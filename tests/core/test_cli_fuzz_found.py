@@ -380,3 +380,25 @@ def test_an_array_where_a_setting_is_expected_is_refused_naming_it(keyword):
     with pytest.raises(InputError) as info:
         validate("a fox", **{keyword: np.zeros(3)})
     assert f"Where: {keyword}." in str(info.value), str(info.value)
+
+
+@pytest.mark.parametrize("command", ["demo", "upscale", "strip", "quantize", "run"])
+def test_dash_as_the_output_of_a_command_that_writes_files_is_refused(registry, tmp_path, monkeypatch, capsys, command):
+    """``-o -`` is standard output in sdrt generate; demo wrote a file "-.png" in the current folder, upscale and
+    quantize one named "-", strip "-.safetensors" beside it, without a word (found by test_fuzz_cli, whose runs left
+    "-.png" in the checkout)."""
+    from PIL import Image
+
+    monkeypatch.chdir(tmp_path)
+    picture = tmp_path / "in.png"
+    Image.new("RGB", (16, 16), (90, 30, 200)).save(picture)
+    graph = str(DATA / "pipelines" / "tiny-sd15" / "vae_decoder" / "model.onnx")
+    args = {"demo": ["demo", "--backend", "reference"],
+            "upscale": ["upscale", str(picture), "-m", str(DATA / "upscalers" / "compact_x4.safetensors"), "--backend",
+                        "reference"],
+            "strip": ["strip", graph], "quantize": ["quantize", graph, "--to", "int8"],
+            "run": ["run", graph, "--backend", "reference"]}[command]
+    assert main([*args, "-o", "-"]) == 1
+    line = _one_error(capsys)
+    assert "-o - writes to standard output in sdrt generate only" in line and "Where: -o." in line, line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["in.png"]

@@ -42,6 +42,9 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.upscaler import ModelUpscaler
     from .paths import check_writes
 
+    from .paths import refuse_stdout
+
+    refuse_stdout(args.output, "upscale", ".png")
     out = check_output(args.output, "output")
     path = model_file(args.model)
     if path is None and Path(args.model).exists():  # a file or folder, not an upscaler file: say so, not "no model"
