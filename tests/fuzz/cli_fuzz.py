@@ -16,6 +16,7 @@ import hashlib
 import io
 import os
 import resource
+import shutil
 import signal
 import stat
 from pathlib import Path
@@ -194,6 +195,8 @@ class Sandbox:
         self.paths["not-utf8"].write_bytes(pictures.GOOD["png"])
         self.out = root / "out"
         self.out.mkdir(exist_ok=True)
+        self.cwd = root / "cwd"  # the runs' current folder: every -o drawn is absolute, so it stays empty
+        self.cwd.mkdir(exist_ok=True)
         self.before = self.snapshot()
         self.original = {str(p): p.read_bytes() for p in self.inputs.iterdir() if p.is_file() and not p.is_symlink()
                          and stat.S_ISREG(p.stat().st_mode)}
@@ -214,19 +217,22 @@ class Sandbox:
             Path(name).write_bytes(self.original[name])
             del changed[name]
         assert not changed, f"sdrt {args!r} changed or removed inputs: {changed}"
+        stray = sorted(p.name for p in self.cwd.iterdir())
+        for p in self.cwd.iterdir():
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+        assert not stray, f"sdrt {args!r} wrote {stray} in the current folder, which no argument named"
         added = set(after) - set(self.before)
         for extra in added:  # something written among the inputs: allowed (an -o that points there), then removed
             p = Path(extra)
             if p.is_dir() and not p.is_symlink():
-                import shutil
-
                 shutil.rmtree(p)
             else:
                 p.unlink()
         for p in self.out.iterdir():  # each run starts with an empty output folder
             if p.is_dir() and not p.is_symlink():
-                import shutil
-
                 shutil.rmtree(p)
             else:
                 p.unlink()

@@ -115,7 +115,7 @@ SLOW = ("backend", "device", "steps", "batch", "batch_count", "hires_steps", "dr
 
 @CLI_SETTINGS
 @given(data=st.data())
-def test_fuzz_generate_flags(registry, data):
+def test_fuzz_generate_flags(registry, monkeypatch, data):
     model = data.draw(st.sampled_from(MODELS), label="model")
     prompt = data.draw(st.sampled_from(["a red fox", "", "🦊 <lora:x:1>", "(a:1.5) [b|c] {d}", "a" * 500]),
                        label="prompt")
@@ -124,6 +124,7 @@ def test_fuzz_generate_flags(registry, data):
         extra += ["-o", str(BOX.out / "out.png")]
     steps = data.draw(st.sampled_from(["1", "2"]), label="steps")
     args = ["generate", *([str(model)] if model else []), prompt, *extra, "--steps", steps, "--backend", "reference"]
+    monkeypatch.chdir(BOX.cwd)
     rc, err = sdrt(args)
     event(f"exit {rc}")
     BOX.check(args)
@@ -148,7 +149,7 @@ OTHERS = {
 
 @CLI_SETTINGS
 @given(data=st.data())
-def test_fuzz_other_commands(registry, data):
+def test_fuzz_other_commands(registry, monkeypatch, data):
     name = data.draw(st.sampled_from(sorted(OTHERS)), label="command")
     base, skip = OTHERS[name]
     extra = data.draw(flags(name, skip), label="flags")
@@ -161,6 +162,7 @@ def test_fuzz_other_commands(registry, data):
     if data.draw(st.booleans()) and name in ("upscale", "plan", "strip", "quantize"):  # the positional: a path
         base = [base[0], data.draw(st.sampled_from(PATHS)), *base[2:]]
     args = [*base, *extra]
+    monkeypatch.chdir(BOX.cwd)
     rc, err = sdrt(args)
     event(f"{name}: exit {rc}")
     BOX.check(args)
