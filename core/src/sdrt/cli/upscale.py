@@ -40,9 +40,7 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.images import to_rgb
     from ..pipelines.save import check_output, check_size, save_image
     from ..pipelines.upscaler import ModelUpscaler
-    from .paths import check_writes
-
-    from .paths import refuse_stdout
+    from .paths import check_writes, refuse_stdout
 
     refuse_stdout(args.output, "upscale", ".png")
     out = check_output(args.output, "output")
