@@ -184,7 +184,10 @@ def test_fuzz_picture_inputs_in_the_api(demo, nets, data):
         kind, raw, suffix = data.draw(picture_files(), label="file")
         path = FOLDER / f"api{suffix}"
         path.write_bytes(raw)
-        value = data.draw(st.sampled_from(_api_values(kind, raw, path)), label="as")
+        values = _api_values(kind, raw, path)
+        if arg == "reference_images":  # validate alone (no Kontext model here): it reads paths, not Pillow images
+            values = values[:2]
+        value = data.draw(st.sampled_from(values), label="as")
     else:
         kind, raw, path = "array", b"", None
         value = data.draw(ARRAYS, label="array")
