@@ -329,8 +329,9 @@ def test_unreadable_image_file(tmp_path) -> None:
     ({"init_image": np.zeros((3, 64, 64), np.uint8)}, "init_image", r"the init image has shape \(3, 64, 64\)"),
     ({"init_image": np.full((64, 64, 3), 255.0)}, "init_image", "float values run from 255 to 255"),
     # a bytes path is a path (as open() takes it), not a 0-d array "of shape ()"
-    ({"init_image": b"/no/such/image.png"}, "/no/such/image.png", "the init image file does not exist"),
-    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": b"/no/such/mask.png"}, "/no/such/mask.png",
+    # (and its errors name the keyword before the path: "Where: init_image /no/such/image.png", the flag on the CLI)
+    ({"init_image": b"/no/such/image.png"}, "{@init_image} /no/such/image.png", "the init image file does not exist"),
+    ({"init_image": np.zeros((64, 64, 3), np.uint8), "mask": b"/no/such/mask.png"}, "{@mask} /no/such/mask.png",
      "the mask file does not exist"),
 ])
 def test_arguments_as_an_app_passes_them(sd15, kwargs: dict, where: str | None, message: str | None) -> None:

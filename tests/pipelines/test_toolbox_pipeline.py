@@ -644,7 +644,7 @@ def test_cli_dry_run_shows_both_hires_passes_and_bad_flags(tmp_path: Path, capsy
                         (["--hires-steps", "3"], "--hires-steps needs --hires-scale. Where: --hires-steps. What to do: "
                                                  "pass --hires-scale 2 (for example) too"),
                         (["--subseed-strength", "3"], "--subseed-strength must be from 0 to 1"),
-                        (["--control-image", str(tmp_path / "none.png")], "the control image does not exist"),
+                        (["--control-image", str(tmp_path / "none.png")], "the control image file does not exist. Where: --control-image"),
                         (["--guess-mode"], "--guess-mode needs a --control-image"),
                         (["--control-image", str(DATA / "tiny-sd15-controlnet" / "model_index.json"), "--control-mode",
                           "loud"], "--control-mode 'loud' is not a ControlNet control mode. Where: --control-mode. "

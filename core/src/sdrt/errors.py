@@ -133,7 +133,9 @@ class SdrtError(Exception):
             parts.append(f"Where: {_items(_render(where, names), names)}.")
         if self.fix:
             parts.append(f"What to do: {_sentence(_items(_render(self.fix, names), names))}")
-        return " ".join(parts)
+        # one line in the API too (the command prints it through printable as well): a value's repr in the message
+        # (a 2-D numpy array given as cfg=) broke it over several lines
+        return printable(" ".join(parts))
 
     def render(self, names: Mapping[str, str] | None = None) -> str:
         """The message with each argument named as ``names`` maps it (``{"init_image": "--init-image"}``);

@@ -15,10 +15,14 @@ FETCH_FIX = "fetch the file itself: `git lfs pull` in the clone (git-lfs install
 def weights_kind(path: object) -> str | None:
     """What a weights file that is no ONNX graph is (``"a safetensors weights file"``, ``"a GGUF file"``, a PyTorch
     pickle), from its first bytes; None for anything else, or a path that cannot be read (its reader says why)."""
+    import os
+
     try:
+        if not os.path.isfile(path):  # type: ignore[arg-type]  # a FIFO's open waits for a writer forever
+            return None
         with open(path, "rb") as f:  # type: ignore[call-overload]
             kind = sniff(f.read(64))
-    except OSError:
+    except (OSError, ValueError, TypeError):
         return None
     return kind if kind in ("a safetensors weights file", "a GGUF file", PICKLE_HINT) else None
 

@@ -37,6 +37,16 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"error: {printable(message)}. Where: {self.prog}. What to do: see `{self.prog} --help` for "
                      "its arguments.\n")
 
+    def _get_values(self, action: argparse.Action, arg_strings: list[str]) -> Any:
+        """``--backend=--`` is the value ``--``: Python 3.11's argparse dropped it as the end-of-options marker and
+        gave the option an empty list, which reached the command as a list (``sdrt cache --backend=--``: a
+        TypeError traceback; ``--steps=--``: no number at all)."""
+        if action.option_strings and action.nargs in (None, argparse.OPTIONAL) and arg_strings == ["--"]:
+            value = self._get_value(action, "--")
+            self._check_value(action, value)
+            return value
+        return super()._get_values(action, arg_strings)
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None
@@ -208,7 +218,12 @@ class _Stdout:
                               fix="free space where it goes, or redirect it elsewhere") from None
 
     def write(self, data: object) -> object:
-        return self._call("write", data)
+        try:
+            return self._call("write", data)
+        except UnicodeEncodeError:  # a file name of non-UTF-8 bytes (a surrogate) on a strict stdout: escaped, as
+            # stderr escapes it (backslashreplace); it was a traceback after the image was written
+            encoding = getattr(self._inner, "encoding", None) or "utf-8"
+            return self._call("write", str(data).encode(encoding, "backslashreplace").decode(encoding))
 
     def flush(self) -> object:
         return self._call("flush")

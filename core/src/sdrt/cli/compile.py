@@ -81,8 +81,9 @@ def run(args: argparse.Namespace) -> int:
     options = parse_options(args.option)
     if args.shape:
         options["shapes"] = parse_shapes(args.shape)
-    from .paths import check_writes
+    from .paths import check_writes, refuse_stdout
 
+    refuse_stdout(args.output, "compile", "")
     check_writes({"-o": args.output}, {"MODEL": args.model, "--weights": args.weights})
     graph = Graph.load(args.model)
     if "DequantizeLinear" in graph.op_counts():  # quantized weights: as sdrt.load gives them to this backend

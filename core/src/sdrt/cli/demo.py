@@ -21,8 +21,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 
 def run(args: argparse.Namespace) -> int:
     from ..demo import run_demo
-    from .paths import output_file
+    from .paths import output_file, refuse_stdout
 
+    refuse_stdout(args.output, "demo", ".png")
     result = run_demo(output_file(args.output, ".png"), backend=args.backend, device=args.device, seed=args.seed)
     print(f"backend {result['backend']} on {result['device']}")
     print(f"decoded latents {result['shape']} in {result['run_s'] * 1e3:.1f} ms "

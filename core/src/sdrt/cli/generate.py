@@ -176,6 +176,30 @@ def _flow_label(model: Path) -> str | None:
     return None
 
 
+def _edit_model(model: str | None) -> bool:
+    """Whether the model is an InstructPix2Pix one, known without loading it (a folder's ``model_index.json``
+    ``_class_name``, a single file's tensor shapes); False when that cannot be told (the load says what is wrong)."""
+    import json
+
+    from ..errors import SdrtError
+
+    if model is None:
+        return False
+    path = Path(model)
+    try:
+        if path.is_dir() and (path / "model_index.json").is_file():
+            name = json.loads((path / "model_index.json").read_text(encoding="utf-8")).get("_class_name")
+            return isinstance(name, str) and "InstructPix2Pix" in name
+        if path.is_file() and path.suffix.lower() == ".safetensors":
+            from ..checkpoint.families import identify
+            from ..weights import Weights
+
+            return (identify(Weights.open(path).shapes()).family or "").endswith("-ip2p")
+    except (SdrtError, OSError, ValueError, AttributeError):
+        return False
+    return False
+
+
 def _check_flow_size(model: str | None, args: argparse.Namespace) -> None:
     """--width/--height not a multiple of 16 on an SD3/Flux/Chroma model (VAE 8 x patch 2), refused before the
     model loads when its family is known from the file (the pipeline refuses it too, after the load)."""
@@ -295,6 +319,10 @@ def run(args: argparse.Namespace) -> int:
                    guidance_rescale=args.guidance_rescale, reference_images=args.reference_images,
                    reference_resize=args.reference_resize, image_cfg=args.image_cfg)
     options.update(generate_toolbox.options(args))  # ControlNet, hires fix, seeds, previews
+    if args.init_image and args.image_cfg is None and args.strength is None and _edit_model(folder):
+        from ..pipelines.edit import DEFAULT_IMAGE_CFG  # its default: without a strength, every step runs
+
+        options["image_cfg"] = DEFAULT_IMAGE_CFG
     settings = validate(prompt, args.negative, **options)  # before any model loads
     from ..text import extract_loras
     from ..text.attention import unsupported_syntax
@@ -395,7 +423,7 @@ def _mask_blur(text: str | None) -> object:
     if text is None:
         return None
     parts = text.split(",")
-    if len(parts) in (1, 2) and all(p.strip().isdigit() for p in parts):
+    if len(parts) in (1, 2) and all(p.strip().isdecimal() for p in parts):
         values = [int(p) for p in parts]
         return values[0] if len(values) == 1 else tuple(values)
     return text

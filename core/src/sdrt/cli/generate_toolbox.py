@@ -231,18 +231,25 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                              fix="give one --controlnet per --control-image (or none: the folder's own)")
         # the pipeline names each unit controlnets[k]: errors say the flag, and which one when there are several
         flag = "--controlnet" if nets else "--control-image"
-        args._names = {**getattr(args, "_names", {}), **{
-            f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)}, **{
+        # in place: main's caller_words (the words of the run's logged warnings) holds this dict, and a new one
+        # left a warning about a unit in the API's words ("controlnets[0] /x/c.gif: ...")
+        if not hasattr(args, "_names"):
+            args._names = {}
+        args._names.update({f"controlnets[{k}]": flag if n == 1 else f"the {_ordinal(k + 1)} {flag}" for k in range(n)})
+        args._names.update({
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
-                              ("hr_option", "--control-hr-option"), ("pose_models", "--control-pose-models"))}}
+                              ("hr_option", "--control-hr-option"), ("pose_models", "--control-pose-models"),
+                              ("control_mask", "--control-mask"))})
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
-        for path in images:
+        from ..pipelines.images import _missing
+
+        for path in images:  # missing, a folder, a device or FIFO: said before any model loads (the pipeline reads it)
             if Path(path).is_dir():
-                raise InputError(f"{path} is a folder, not an image file", where="--control-image",
-                                 fix="pass a control image file (PNG, JPEG) in that folder")
+                raise InputError(f"the control image {path} is a folder, not an image file",
+                                 where=f"--control-image {path}", fix="pass an image file (PNG, JPEG) in that folder")
             if not Path(path).is_file():
-                raise InputError("the control image does not exist", where=path, fix="check the --control-image path")
+                raise _missing(Path(path), "control image", "--control-image")
         from ..pipelines.controlnet import ControlNet, _num, control_mode
 
         modes = [control_mode(m, "--control-mode") for m in args.control_mode]  # in the flag's words
@@ -347,10 +354,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["preview"] = args.preview_decoder
     if args.preview_size is not None:
         text = str(args.preview_size).strip().lower()
-        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdigit() else text
+        opts["preview_size"] = None if text in ("full", "none") else int(text) if text.lstrip("-").isdecimal() else text
     if args.preview_every is not None:
         every = args.preview_every
-        if not str(every).strip().isdigit() or int(every) < 1:
+        if not str(every).strip().isdecimal() or int(every) < 1:
             raise InputError(f"{{@preview_every}} must be a whole number of steps, at least 1, got {every!r}",
                              where="preview_every", fix="pass e.g. 5 (a preview every 5 steps)")
         if args.preview_dir is None:

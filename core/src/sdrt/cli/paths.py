@@ -10,6 +10,15 @@ from pathlib import Path
 from ..errors import InputError
 
 
+def refuse_stdout(value: object, command: str, suffix: str) -> None:
+    """``-o -`` is standard output in ``sdrt generate``; every other command wrote a file named ``-`` (or
+    ``-.png``, ``-.safetensors``) in the current folder without a word. Refused, naming the way to such a file."""
+    if value == "-":
+        raise InputError(f"-o - writes to standard output in sdrt generate only; sdrt {command} writes a file, and "
+                         "would have made one named '-'", where="-o",
+                         fix=f"give a file name, such as out{suffix} (./- for a file named -)")
+
+
 def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     """The file ``arg`` names, with ``suffix`` added when it has none (another suffix is refused); its folder
     must exist.

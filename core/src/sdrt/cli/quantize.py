@@ -36,6 +36,9 @@ def run(args: argparse.Namespace) -> int:
                         where="--block-size", fix="leave --block-size out, or pass --to int4")
     block_size = 32 if args.block_size is None else args.block_size
     src = Path(args.model)
+    from .paths import refuse_stdout
+
+    refuse_stdout(args.output, "quantize", ".onnx")
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
     _not_a_checkpoint(src, scheme)
     # a given -o's folder exists (as generate's -o): nothing is created; the default sits beside MODEL

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from .paths import check_writes, output_file
+from .paths import check_writes, output_file, refuse_stdout
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -158,6 +158,7 @@ def run(args: argparse.Namespace) -> int:
     from ..graph import Graph
     from ..runtime import load
 
+    refuse_stdout(args.output, "run", ".npz")
     output = output_file(args.output, ".npz")  # before compiling: a bad path fails at once
     check_writes({"-o": output}, {"MODEL": args.model, "--input": [s.partition("=")[2] for s in args.input],
                                   "--weights": args.weights})

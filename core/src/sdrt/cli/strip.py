@@ -28,6 +28,9 @@ def run(args: argparse.Namespace) -> int:
     from .paths import check_writes
 
     src = Path(args.model)
+    from .paths import refuse_stdout
+
+    refuse_stdout(args.output, "strip", ".onnx")
     out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
     weights = Path(args.weights) if args.weights else out.with_suffix(".safetensors")
     if args.weights and weights.name == args.weights:  # a bare file name: in the output's folder, as the help says

@@ -40,8 +40,9 @@ def run(args: argparse.Namespace) -> int:
     from ..pipelines.images import to_rgb
     from ..pipelines.save import check_output, check_size, save_image
     from ..pipelines.upscaler import ModelUpscaler
-    from .paths import check_writes
+    from .paths import check_writes, refuse_stdout
 
+    refuse_stdout(args.output, "upscale", ".png")
     out = check_output(args.output, "output")
     path = model_file(args.model)
     if path is None and Path(args.model).exists():  # a file or folder, not an upscaler file: say so, not "no model"
@@ -63,7 +64,7 @@ def run(args: argparse.Namespace) -> int:
                          f"{args.tile_overlap}", where="--tile-overlap", fix="give --tile-overlap 8 (A1111's)")
     tile = args.tile or 1 << 30
     up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap)
-    image = to_rgb(Path(args.image), "image")
+    image = to_rgb(Path(args.image), "image", "IMAGE")
     h, w = image.shape[:2]
     size = (w * up.scale, h * up.scale) if args.scale is None else (int(w * args.scale), int(h * args.scale))
     check_size(out, *size, "output")  # a WebP over 16383 pixels a side: said now, not after the whole upscale

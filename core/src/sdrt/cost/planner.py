@@ -194,6 +194,9 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
     from ..pipelines.singlefile import is_single_file
 
     path = Path(model)
+    if refiner_switch_at is not None and refiner is None:  # it was ignored, whatever its value (nan too)
+        raise SdrtError("--refiner-switch-at without --refiner", where="sdrt plan --refiner-switch-at",
+                        fix="pass --refiner (the refiner model) too, or leave --refiner-switch-at out")
     if refiner is not None and not (path.is_dir() or is_single_file(path)):
         raise SdrtError("a refiner follows a model folder's pipeline, not one .onnx graph", where="sdrt plan --refiner",
                         fix="pass the base model's folder, or leave --refiner out")
@@ -216,7 +219,9 @@ def plan_parts(model: str | Path, *, width: int | None = None, height: int | Non
                 kw["cfg"] = cfg
             kw.update(_images_needed(pipe, width, height))
             if ref is not None:
-                kw.update(refiner=ref, **({"refiner_switch_at": refiner_switch_at} if refiner_switch_at else {}))
+                # 0 too: the pipeline refuses it, as generate does (it was read as not given: the default 0.8)
+                kw.update(refiner=ref, **({"refiner_switch_at": refiner_switch_at} if refiner_switch_at is not None
+                                          else {}))
             rp = pipe.plan("a photograph of an astronaut riding a horse", "", **kw)
         finally:
             pipe.close()

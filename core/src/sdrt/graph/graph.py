@@ -52,6 +52,18 @@ def _tensor_info(value_info: Any) -> TensorInfo:
     return TensorInfo(value_info.name, dtype, tuple(shape))
 
 
+def _special(path: Path) -> str | None:
+    """What ``path`` is when it is neither a regular file nor a folder (a device, FIFO or socket), in words."""
+    import stat
+
+    mode = path.stat().st_mode
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    return ("a character device" if stat.S_ISCHR(mode) else "a block device" if stat.S_ISBLK(mode) else
+            "a FIFO (named pipe)" if stat.S_ISFIFO(mode) else "a socket" if stat.S_ISSOCK(mode) else
+            "not a regular file")
+
+
 class Graph:
     """An ONNX graph. Build one with ``Graph.load(path_or_bytes)``.
 
@@ -116,6 +128,10 @@ class Graph:
                     "the model file does not exist", where=where,
                     fix="check the path, or export the model to ONNX first",
                 )
+            special = _special(path)
+            if special is not None:  # /dev/zero was read until memory ran out; a FIFO waited for a writer
+                raise ModelError(f"the model path is {special}, not a file", where=where,
+                                 fix="pass the .onnx file itself")
             from ..stamps import file_stamp
 
             version = file_stamp(path)  # the inline weights left in the file are mapped from this version only

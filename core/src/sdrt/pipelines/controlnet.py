@@ -168,7 +168,7 @@ class ControlNet:
 def _named(value: Any, names: tuple[str, ...], where: str, what: str, fix: str) -> str:
     """One of the extension's ``names`` for its name (any case) or its index (an int or digits); InputError
     ``"{where} {value} is not {what}"`` otherwise."""
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():
         value = int(value.strip())
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 0 <= value < len(names):
         return names[int(value)]
@@ -302,9 +302,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")
         if unit.image is None:
             raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
-        check_path(unit.image, "control image")
+        check_path(unit.image, "control image", where)
         if unit.control_mask is not None:
-            check_path(unit.control_mask, "control mask")
+            check_path(unit.control_mask, "control mask", f"{where} control_mask")
         units.append(unit)
     return units
 

@@ -9,7 +9,9 @@ work, and PNG output needs no Pillow (``sdrt.pipelines.png``).
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
+import struct
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,55 +27,111 @@ ImageLike = Any  # np.ndarray | PIL.Image.Image | str | os.PathLike
 PILLOW_HINT = "install Pillow: pip install pillow (from a checkout of sdrt: pip install './core[images]')"
 
 
-def _open_file(path: Path, what: str) -> np.ndarray:
+def _open_file(path: Path, what: str, where: str | None = None) -> np.ndarray:
     """The picture at ``path`` as ``to_rgb`` (or, for a mask, ``mask_gray``) reads it."""
-    with _reading(path, what) as img:  # without Pillow: the one-line PILLOW_HINT refusal
+    with _reading(path, what, where) as img:  # without Pillow: the one-line PILLOW_HINT refusal
         from PIL import ImageOps
 
         img.load()
+        frames = getattr(img, "n_frames", 1)
+        if frames > 1:  # as A1111 and diffusers' load_image read it, and said: not silently one picture of several
+            _say_once(_at(path, what, where), f"an animation of {frames} frames: its first frame is used")
         # a phone's JPEG stores its pixels sideways and says so in EXIF: the picture as viewers show it (as
         # diffusers' load_image and A1111's img2img tab read it)
         return _from_pil(ImageOps.exif_transpose(img), what)
 
 
-def _read_through(path: Path, what: str) -> None:
+def _read_through(path: Path, what: str, where: str | None = None) -> None:
     """Read the picture at ``path`` through, for ``check_path``: what ``_open_file`` would refuse is refused, a JPEG
     decoded at 1/8 scale, which reads every byte (a 24 MP photo: 0.13 s, against 0.37 s for ``_open_file``)."""
-    with _reading(path, what) as img:
+    with _reading(path, what, where) as img:
         if img.format == "JPEG":
             img.draft("RGB", (max(img.width // 8, 1), max(img.height // 8, 1)))
         img.load()
 
 
+def _at(path: Path, what: str, where: str | None) -> str:
+    """The ``where`` of an error about the file ``path`` given as ``what``: the argument it was given as (the flag on
+    the command line: ``--init-image /x/a.png``), then the path. ``where``: that argument (default: the keyword
+    ``what`` names); an identifier is rendered in the caller's words, an item (``controlnets[0]``) too."""
+    where = where or _KEYWORD.get(what, what)
+    return f"{{@{where}}} {path}" if where.isidentifier() else f"{where} {path}"
+
+
+def _missing(path: Path, what: str, where: str | None) -> InputError:
+    """The error for a ``path`` that is no regular file: a device or FIFO (``/dev/null``, which reading would take as
+    empty, or a FIFO, which would wait for a writer forever) said as what it is; else "does not exist"."""
+    from .png import _kind
+
+    try:
+        kind = _kind(path.stat().st_mode)
+    except (OSError, ValueError):
+        kind = None
+    if kind is not None:
+        return InputError(f"the {what} {path} is {kind}, not an image file", where=_at(path, what, where),
+                          fix="pass a picture file (PNG, JPEG)")
+    return InputError(f"the {what} file does not exist", where=_at(path, what, where), fix="check the path")
+
+
 @contextlib.contextmanager
-def _reading(path: Path, what: str) -> Iterator[Any]:
-    """The opened Pillow picture at ``path``; what Pillow cannot read, in one ``InputError`` naming the file."""
+def _reading(path: Path, what: str, where: str | None = None) -> Iterator[Any]:
+    """The opened Pillow picture at ``path``; what Pillow cannot read, in one ``InputError`` naming the argument
+    (``where``) and the file."""
     if not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+        raise _missing(path, what, where)
+    where = _at(path, what, where)
     try:
         from PIL import Image
     except ImportError as exc:
         raise InputError(f"reading the {what} from a file needs Pillow, which is not installed", where=str(path),
                          fix=PILLOW_HINT) from exc
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
             # Pillow warns (two lines on stderr) above 89 million pixels and refuses above twice that: the refusal
             # is the limit here, said in one line below
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
             with Image.open(path) as img:
                 yield img
+        _pillow_said(caught, where)
     except Image.DecompressionBombError as exc:
-        raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=str(path),
+        raise InputError(f"the {what} is too large to read: {exc}".rstrip("."), where=where,
                          fix="use a smaller picture (Pillow reads up to about 179 million pixels)") from exc
-    except (OSError, ValueError) as exc:
-        truncated = "truncated" in str(exc)
-        raise InputError(f"cannot read the {what} as an image ({exc})", where=str(path),
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:  # Pillow's plugins raise all of them
+        # on a broken file (a PNG chunk it cannot follow: SyntaxError "broken PNG file", which was a traceback)
+        truncated = "truncated" in str(exc).lower()  # PNG: "image file is truncated"; JPEG: "Truncated File Read"
+        raise InputError(f"cannot read the {what} as an image ({exc})", where=where,
                          fix="the file is incomplete: save or download it again" if truncated else
                          "use a PNG or JPEG file (or another format Pillow reads)") from exc
 
 
+#: the Pillow warnings logged already, (where, message): a picture is read more than once a run
+_SAID: set[tuple[str, str]] = set()
+
+
+def _pillow_said(caught: list[Any], where: str) -> None:
+    """Pillow's warnings while it read a picture (damaged metadata: "Corrupt EXIF data", "Tag data larger than
+    file. Skipping tag 284"), each logged once, one line in the caller's words: they were Python warnings, two lines
+    each on stderr (the file and line in Pillow, then its source), once per read."""
+    for w in caught:
+        _say_once(where, f"Pillow read the picture past damaged data ({' '.join(str(w.message).split())})")
+
+
+def _say_once(where: str, text: str) -> None:
+    """Log ``where: text`` once (a picture is read more than once a run), ``where`` in the caller's words."""
+    from ..errors import in_caller_words
+
+    if (where, text) in _SAID:
+        return
+    if len(_SAID) > 256:
+        _SAID.clear()
+    _SAID.add((where, text))
+    logging.getLogger("sdrt.pipelines").warning("%s: %s", in_caller_words(where), text)
+
+
 #: the keyword each image is given as (its errors name it): the label otherwise
-_KEYWORD = {"init image": "init_image"}
+_KEYWORD = {"init image": "init_image", "mask": "mask", "control image": "control_image",
+            "control mask": "control_mask", "IP-Adapter image": "ip_adapter_image"}
 
 
 def _path(value: Any) -> Path | None:
@@ -151,20 +209,41 @@ def _from_pil(img: Any, what: str) -> np.ndarray:
     return np.asarray(pil_mask(img) if what == "mask" else pil_rgb(img))
 
 
+def _decoded(img: Any, what: str, where: str) -> np.ndarray:
+    """``_from_pil`` of a Pillow image an app passes: one opened lazily (``Image.open``) is decoded only now, and a
+    broken file's error ("broken data stream", "image file is truncated") was Pillow's OSError, a traceback."""
+    from PIL import Image
+
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            rgb = _from_pil(img, what)
+        _pillow_said(caught, where)
+        return rgb
+    except (OSError, ValueError, SyntaxError, EOFError, struct.error) as exc:
+        name = getattr(img, "filename", "") or ""
+        truncated = "truncated" in str(exc).lower()
+        raise InputError(f"cannot decode the {what}, a Pillow image{f' of {name}' if name else ''} ({exc})",
+                         where=where, fix="the file is incomplete: save or download it again" if truncated else
+                         "pass a picture Pillow can decode (open a PNG or JPEG file, or pass a numpy array)") from exc
+
+
 def _is_pil(value: Any) -> bool:
     return type(value).__module__.startswith("PIL.") and hasattr(value, "convert")
 
 
-def check_path(value: Any, what: str) -> None:
-    """Fail early (before any model loads) on a path that does not exist or is not a picture Pillow can read."""
+def check_path(value: Any, what: str, where: str | None = None) -> None:
+    """Fail early (before any model loads) on a path that does not exist or is not a picture Pillow can read;
+    ``where``: the argument it was given as (default: the keyword ``what`` names), which the errors name."""
     path = _path(value)
     if path is not None and path.is_dir():
-        raise InputError(f"the {what} {path} is a folder, not an image file", where=str(path),
+        raise InputError(f"the {what} {path} is a folder, not an image file", where=_at(path, what, where),
                          fix="pass an image file (PNG, JPEG) in that folder")
     if path is not None and not path.is_file():
-        raise InputError(f"the {what} file does not exist", where=str(path), fix="check the path")
+        raise _missing(path, what, where)
     if path is not None:  # read now: a 0-byte or truncated file found before the model loads, not after
-        _read_through(path, what)
+        _read_through(path, what, where)
 
 
 def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None) -> np.ndarray:
@@ -173,9 +252,9 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
     where = where or _KEYWORD.get(what, what)
     path = _path(value)
     if path is not None:
-        return _open_file(path, what)
+        return _open_file(path, what, where)
     if _is_pil(value):
-        return _from_pil(value, what)
+        return _decoded(value, what, where)
     arr = _array(value, what, where)
     if arr.ndim == 2:
         arr = arr[..., None]
@@ -202,9 +281,9 @@ def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     argument it was given as (its errors name it)."""
     path = _path(value)
     if path is not None:
-        return _open_file(path, "mask")
+        return _open_file(path, "mask", where)
     if _is_pil(value):
-        return _from_pil(value, "mask")
+        return _decoded(value, "mask", where)
     arr = _array(value, "mask", where)
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255
@@ -302,7 +381,7 @@ def resize_mode(value: Any, where: str = "resize_mode", modes: tuple[str, ...] =
     Just Resize, A1111's default."""
     if value is None:
         return JUST_RESIZE
-    if isinstance(value, str) and value.strip().isdigit():  # the number, as a command line gives it
+    if isinstance(value, str) and value.strip().isdecimal():  # the number, as a command line gives it
         value = int(value.strip())
     if isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_)) and 0 <= value < len(modes):
         return modes[int(value)]

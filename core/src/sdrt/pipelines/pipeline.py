@@ -635,7 +635,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if given is not None:
             s = dataclasses.replace(given, prompt=prompt, negative_prompt=negative_prompt or "")
         else:
-            s = validate(prompt, negative_prompt, **kwargs)
+            s = validate(prompt, negative_prompt, **self._edit_hint(kwargs))
         init = mask = None
         self._init_source = self._init_sized = self._init_side = self._paste = None
         if s.init_image is not None:
@@ -855,6 +855,16 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if tool is not None and s.toolbox.hires is not None:
             raise InputError(f"the hires fix is not supported with a {fluxtools.LABELS[tool]} model",
                              where="hires_scale", fix="leave {@hires_scale} unset")
+
+    def _edit_hint(self, kwargs: dict[str, Any]) -> dict[str, Any]:
+        """``kwargs`` for ``validate``, on an InstructPix2Pix model with its default ``image_cfg`` when none is given:
+        that tells validate the model runs every step without a strength (its default 0.75 is not this model's), so
+        that ``steps=1`` is not refused for a strength it does not use (``_edit_defaults`` sets the same value)."""
+        if kwargs.get("init_image") is None or kwargs.get("image_cfg") is not None or not self.instruct_pix2pix:
+            return kwargs
+        from .edit import DEFAULT_IMAGE_CFG
+
+        return {**kwargs, "image_cfg": DEFAULT_IMAGE_CFG}
 
     def _edit_defaults(self, s: Settings) -> None:
         """An InstructPix2Pix model's settings: the picture to edit is needed, ``image_cfg`` defaults to 1.5, and

@@ -60,7 +60,7 @@ def references_of(value: Any) -> list[Any] | None:
     for i, item in enumerate(items):
         if item is None:
             raise InputError(f"reference_images[{i}] is None", where="reference_images", fix=_FIX)
-        check_path(item, f"reference image {i + 1}")
+        check_path(item, f"reference image {i + 1}", "reference_images")
     return items
 
 

@@ -76,6 +76,12 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
         raise InputError(f"{p.name} is a folder, and {{@{arg}}} takes one .safetensors file", where=arg,
                          fix=f"pass the file itself (e.g. {p / 'diffusion_pytorch_model.safetensors'})")
     if not p.is_file():
+        from .png import _kind
+
+        kind = _kind(p.stat().st_mode) if p.exists() else None
+        if kind is not None:  # /dev/null, a FIFO: not "does not exist"
+            raise InputError(f"{p} is {kind}, and {{@{arg}}} takes one .safetensors file", where=arg,
+                             fix="pass the weights file itself")
         raise ModelNotFoundError(f"{p} does not exist", where=arg, fix="check the path")
     try:
         w = Weights.open(p)

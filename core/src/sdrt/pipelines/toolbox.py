@@ -93,12 +93,14 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
                 raise InputError(f"controlnets[{k}] hr_option {unit.hr_option!r} picks a pass of the hires fix, and "
                                  "the run has no hires fix", where=f"controlnets[{k}] hr_option",
                                  fix="pass {@hires_scale} too, or leave hr_option 'Both'")
-    rng = kwargs.get("rng", "cpu") or "cpu"
+    rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
+    rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
         raise InputError(f"unknown random source {{@rng=}}{rng!r}", where="rng",
                          fix="use cpu (diffusers' and A1111's CPU), gpu (A1111's default GPU noise) or nv")
     tb.rng = rng.lower()
-    strength = kwargs.get("subseed_strength", 0.0) or 0.0
+    strength = kwargs.get("subseed_strength")
+    strength = 0.0 if strength is None or (isinstance(strength, (int, float)) and strength == 0) else strength
     if isinstance(strength, bool) or not isinstance(strength, (int, float, np.floating)) \
             or not math.isfinite(strength) or not 0 <= strength <= 1:
         raise InputError(f"{{@subseed_strength}} must be from 0 to 1, got {strength!r}", where="subseed_strength",
@@ -115,7 +117,7 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         tb.subseed = int(subseed)
     preview = kwargs.get("preview")
     if preview is not None and preview is not False:
-        if preview is True or preview == "approx":
+        if preview is True or (isinstance(preview, str) and preview == "approx"):
             tb.preview = "approx"
         elif isinstance(preview, (str, os.PathLike)):
             if not os.path.isfile(os.fspath(preview)):
@@ -143,9 +145,10 @@ def _refiner(kwargs: dict[str, Any], tb: Toolbox) -> None:
 
     spec, switch, passes = kwargs.get("refiner"), kwargs.get("refiner_switch_at"), kwargs.get("hires_refiner_pass")
     by_steps = kwargs.get("refiner_switch_by_steps")
-    if spec is None or spec == "":
+    if spec is None or (isinstance(spec, str) and spec == ""):
+        unset = by_steps is None or (isinstance(by_steps, (bool, np.bool_)) and not by_steps)
         for name, value in (("refiner_switch_at", switch), ("hires_refiner_pass", passes),
-                            ("refiner_switch_by_steps", by_steps or None)):
+                            ("refiner_switch_by_steps", None if unset else by_steps)):
             if value is not None:
                 raise InputError(f"{{@{name}}} without {{@refiner}}", where=name,
                                  fix=f"pass {{@refiner}} (the refiner model) too, or leave {{@{name}}} out")
