@@ -56,7 +56,7 @@ class TextEncoder:
 
     def _layers(self) -> list[str]:
         names = [n for n in self.part.outputs if n.startswith("hidden_states.")]
-        return sorted(names, key=lambda n: int(n.rsplit(".", 1)[1]) if n.rsplit(".", 1)[1].isdigit() else -1)
+        return sorted(names, key=lambda n: int(n.rsplit(".", 1)[1]) if n.rsplit(".", 1)[1].isdecimal() else -1)
 
     def _output_for(self, clip_skip: int) -> tuple[str, bool]:
         """(output name, apply final layer norm) for A1111's clip skip (1 = last layer). An encoder read at its

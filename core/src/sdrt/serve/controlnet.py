@@ -135,7 +135,7 @@ def resize_mode(value: Any, field: str) -> str:
 
     if value is None:
         return "Crop and Resize"  # the extension's ControlNetUnit default (INNER_FIT)
-    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+    if isinstance(value, str) and value.strip().lstrip("-").isdecimal():
         value = int(value.strip())
     try:
         mode = named(value, field)
@@ -146,7 +146,7 @@ def resize_mode(value: Any, field: str) -> str:
 
 
 def _choice(value: Any, names: tuple[str, ...], field: str) -> int:
-    if isinstance(value, str) and value.strip().isdigit():
+    if isinstance(value, str) and value.strip().isdecimal():
         value = int(value.strip())
     if isinstance(value, int) and not isinstance(value, bool) and 0 <= value < len(names):
         return value

@@ -26,7 +26,7 @@ async def read_body(request: Request, max_bytes: int) -> bytes:
     """The body's bytes; 413 over ``max_bytes`` (checked before and while reading)."""
     length = request.headers.get("content-length")
     if length is not None:
-        if not length.isdigit():
+        if not length.isdecimal():
             raise ApiError(400, "the Content-Length header is not a number")
         if int(length) > max_bytes:
             raise ApiError(413, f"the request body is {int(length)} bytes, above this server's limit of {max_bytes}")
