@@ -267,25 +267,33 @@ def test_a_broken_lora_is_named_with_its_field(models_dir, tmp_path) -> None:
             assert str(tmp_path) not in message
 
 
-@pytest.mark.parametrize("key", ["resize_mode", "control_mode"])
-def test_a_superscript_digit_in_a_units_number_field_is_a_400(client, key) -> None:
-    """'²' passes str.isdigit() but not int(): a unit's resize_mode / control_mode of '²' raised ValueError, a 500
-    (the CLI's flags had the same defect); read with isdecimal() it is a 400 naming the field."""
-    import base64
-    import io
+def test_a_superscript_digit_in_a_units_number_field_is_a_400() -> None:
+    """'²' passes str.isdigit() but not int(): a unit's resize_mode or a numbered choice (control_mode) of '²' raised
+    ValueError, a 500 (the CLI's flags had the same defect); read with isdecimal() it is a 400 naming the field."""
+    from sdrt.serve.controlnet import _choice, resize_mode
+    from sdrt.serve.errors import ApiError
 
-    import numpy as np
-    from PIL import Image
-
-    buf = io.BytesIO()
-    Image.fromarray(np.zeros((64, 64, 3), np.uint8)).save(buf, "PNG")
-    unit = {"enabled": True, "module": "none", "model": "controlnet", "image": base64.b64encode(buf.getvalue()).decode(),
-            key: "²"}
-    r = client.post("/sdapi/v1/txt2img", json={**T2I, "alwayson_scripts": {"controlnet": {"args": [unit]}}})
-    assert 400 <= r.status_code < 500, (r.status_code, r.text)
+    for call in (lambda: resize_mode("²", "args[0].resize_mode"),
+                 lambda: _choice("²", ("Balanced", "My prompt is more important"), "args[0].control_mode")):
+        with pytest.raises(ApiError) as info:
+            call()
+        assert info.value.status == 400 and "args[0]." in info.value.field
 
 
-def test_a_content_length_of_a_superscript_digit_is_refused(client) -> None:
-    r = client.post("/sdapi/v1/png-info", content=b"{}", headers={"content-type": "application/json",
-                                                                   "content-length": "²".encode("latin-1")})
-    assert r.status_code < 500, (r.status_code, r.text)
+def test_a_content_length_of_a_superscript_digit_is_refused() -> None:
+    """A Content-Length header of '²' (latin-1, as ASGI servers decode headers) is a 400, not int()'s ValueError."""
+    import asyncio
+
+    from starlette.requests import Request
+
+    from sdrt.serve.errors import ApiError
+    from sdrt.serve.http import read_body
+
+    async def receive() -> dict:
+        return {"type": "http.request", "body": b"{}", "more_body": False}
+
+    request = Request({"type": "http", "method": "POST", "path": "/", "headers": [(b"content-length", "²".encode(
+        "latin-1"))]}, receive)
+    with pytest.raises(ApiError) as info:
+        asyncio.run(read_body(request, 1000))
+    assert info.value.status == 400
