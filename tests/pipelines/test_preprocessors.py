@@ -20,7 +20,7 @@ from sdrt.errors import InputError
 from sdrt.pipelines import colormaps, linemaps, shufflemap, tilemaps
 from sdrt.pipelines.controlmaps import ControlImageError
 from sdrt.pipelines.gaussian import gaussian_blur, kernel_size, reflect101
-from sdrt.pipelines.preprocessors import NAMES, SPECS, check_thresholds, preprocess, threshold_fields
+from sdrt.pipelines.preprocessors import NAMES, SPECS, WITH_MODELS, check_thresholds, preprocess, threshold_fields
 
 REFS = np.load(Path(__file__).resolve().parents[1] / "data" / "control" / "preproc_refs.npz")
 MAPS = sorted(k[4:] for k in REFS.files if k.startswith("map/"))
@@ -130,7 +130,7 @@ def test_tile_resample_keeps_small_rates_and_refuses_rates_that_leave_nothing() 
         tilemaps.tile_resample(img, 200)
 
 
-@pytest.mark.parametrize("name", [n for n in NAMES if n != "none" and n != "dw_openpose_full"])  # test_dwpose.py
+@pytest.mark.parametrize("name", [n for n in NAMES if n != "none" and n not in WITH_MODELS])  # test_dwpose.py, test_openpose_body.py
 @pytest.mark.parametrize("shape", [(1, 1, 3), (1, 9, 3), (9, 1), (70, 3, 4)])
 def test_tiny_and_odd_images_make_a_map_or_say_why(name: str, shape: tuple[int, ...]) -> None:
     img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
