@@ -32,6 +32,17 @@ def png_b64(arr) -> str:
     return base64.b64encode(buf.getvalue()).decode()
 
 
+def png_rgb(b64: str):
+    """A base64 picture an answer carries as an HxWx3 uint8 array."""
+    import base64
+    import io
+
+    import numpy as np
+    from PIL import Image
+
+    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

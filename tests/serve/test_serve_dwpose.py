@@ -4,8 +4,6 @@ scripts/gen_dwpose_refs.py), DWPose's files (stand-ins) found in sd-webui-contro
 
 from __future__ import annotations
 
-import base64
-import io
 import json
 import shutil
 import sys
@@ -15,6 +13,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_helpers import live_server, needs_server
+from serve_helpers import png_b64 as _b64
+from serve_helpers import png_rgb as _rgb
 
 from sdrt import pipelines
 from sdrt.pipelines.controlnet import ControlNet
@@ -44,16 +44,6 @@ def server(root) -> Iterator[str]:
 
     with live_server(ServeConfig(models=root / "models", backend="openvino")) as url:
         yield url
-
-
-def _b64(a: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, "PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _rgb(b64: str) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
 
 
 def test_detect_and_render(server) -> None:

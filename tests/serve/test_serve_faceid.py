@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_helpers import live_server, needs_server
+from serve_helpers import png_b64 as _b64
 
 TESTS = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(TESTS / "pipelines"))
@@ -66,12 +67,6 @@ def server(models, tiny_encoder_graph) -> Iterator[str]:
 
     with live_server(ServeConfig(models=models, backend="reference")) as url:
         yield url
-
-
-def _b64(a: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, "PNG")
-    return base64.b64encode(buf.getvalue()).decode()
 
 
 def _post(url: str, body: dict) -> requests.Response:

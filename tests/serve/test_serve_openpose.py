@@ -4,8 +4,6 @@ the extension's code) with the OpenPose JSON; without the file, a 400 naming whe
 
 from __future__ import annotations
 
-import base64
-import io
 import shutil
 import sys
 from collections.abc import Iterator
@@ -14,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 from serve_helpers import live_server, needs_server
+from serve_helpers import png_b64 as _b64
+from serve_helpers import png_rgb as _rgb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
 from openpose_helpers import make_weights, write_pth  # noqa: E402
@@ -44,16 +44,6 @@ def server(root) -> Iterator[str]:
 
     with live_server(ServeConfig(models=root / "models", backend="openvino")) as url:
         yield url
-
-
-def _b64(a: np.ndarray) -> str:
-    buf = io.BytesIO()
-    Image.fromarray(a).save(buf, "PNG")
-    return base64.b64encode(buf.getvalue()).decode()
-
-
-def _rgb(b64: str) -> np.ndarray:
-    return np.asarray(Image.open(io.BytesIO(base64.b64decode(b64))).convert("RGB"))
 
 
 def test_detect_openpose(server, root) -> None:
