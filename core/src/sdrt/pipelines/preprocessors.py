@@ -34,6 +34,7 @@ from __future__ import annotations
 import math
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -159,13 +160,9 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
     """The :class:`sdrt.pipelines.posedetect.DWPose` of ``models`` (a folder holding ``yolox_l.onnx`` and
     ``dw-ll_ucoco_384.onnx``, or one of the extension's / ComfyUI's layouts under it, or the two files), compiled
     once per files (of one version), backend and device, and kept (one a backend and device)."""
-    from .posedetect import DWPose, find_files
+    from .posedetect import DWPose
 
-    if models is None:
-        raise InputError(f"{where}: the dw_openpose_full preprocessor needs DWPose's yolox_l.onnx and "
-                         "dw-ll_ucoco_384.onnx", where=where,
-                         fix="pass the folder that holds them (or the two files)")
-    files = find_files(models, what=where)
+    files = check_pose_files("dw_openpose_full", models, where)
     return _kept("dw_openpose_full", files, backend, device, lambda be, dev: DWPose(files[0], files[1], backend=be,
                                                                                    device=dev))
 
@@ -191,31 +188,30 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
         return _DWPOSE[key]
 
 
-def check_pose_files(name: str, models: Any, where: str) -> None:
-    """An ``InputError`` (naming ``where``) unless ``models`` holds the files ``name`` runs."""
+def check_pose_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
+    """The files ``name`` runs, found in ``models`` (``openpose``: its ``.pth``; DWPose: its two graphs); an
+    ``InputError`` naming ``where`` when they are not there."""
     if name == "openpose":
         from .openposebody import BODY_FILE, find_file
 
         if models is None:
             raise InputError(f"{where}: the openpose preprocessor needs {BODY_FILE}", where=where,
                              fix="pass the folder that holds it (or the file)")
-        find_file(models, what=where)
-        return
+        return (find_file(models, what=where),)
     from .posedetect import find_files
 
     if models is None:
         raise InputError(f"{where}: the {name} preprocessor needs DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx",
                          where=where, fix="pass the folder that holds them (or the two files)")
-    find_files(models, what=where)
+    return find_files(models, what=where)
 
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.openposebody.OpenPoseBody` of ``models`` (``body_pose_model.pth`` or a folder
     holding it in the extension's layout), kept as :func:`dwpose`'s are."""
-    from .openposebody import OpenPoseBody, find_file
+    from .openposebody import OpenPoseBody
 
-    check_pose_files("openpose", models, where)
-    path = find_file(models, what=where)
+    (path,) = check_pose_files("openpose", models, where)
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
