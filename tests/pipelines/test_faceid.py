@@ -21,7 +21,8 @@ from sdrt import pipelines
 from sdrt.checkpoint.ipadapter import open_ip_adapter
 from sdrt.errors import InputError, ModelError
 from sdrt.pipelines import IPAdapter
-from sdrt.pipelines.faces import ARCFACE_DST, FaceModels, find_face_models, norm_crop, resize_linear, similarity
+from sdrt.pipelines.cvresize import resample
+from sdrt.pipelines.faces import ARCFACE_DST, FaceModels, find_face_models, norm_crop, similarity
 
 FACES = DATA / "faces"
 BUFFALO = FACES / "buffalo_l"
@@ -70,7 +71,7 @@ def test_alignment_is_norm_crop_and_the_resize_cv2s():
                       (norm_crop(np.ascontiguousarray(rgb[..., ::-1]), kps, 112), REFS["crop112_bgr"])):
         diff = np.abs(got.astype(int) - want)
         assert diff.max() <= 1 and (diff > 0).mean() < 0.001, (diff.max(), (diff > 0).mean())
-    resized = resize_linear(np.ascontiguousarray(rgb[..., ::-1]), 640, 512)[120:300, 150:390]
+    resized = resample(np.ascontiguousarray(rgb[..., ::-1]), 640, 512, "linear")[120:300, 150:390]
     diff = np.abs(resized.astype(int) - REFS["resized"])
     assert diff.max() <= 1 and (diff > 0).mean() < 0.005
 
@@ -83,7 +84,7 @@ def test_the_detectors_resize_of_a_photo_reads_only_the_rows_it_needs():
     img = np.random.default_rng(3).integers(0, 256, (3000, 4000, 3), dtype=np.uint8)  # 36 MB
     tracemalloc.start()
     try:
-        out = resize_linear(img, 640, 480)
+        out = resample(img, 640, 480, "linear")
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, ModelError
+from .cvresize import resample
 
 log = logging.getLogger("sdrt.pipelines.faces")
 
@@ -73,40 +74,6 @@ def find_face_models(path: Any, where: str = "face_models") -> Path:
     missing = [n for n in (DETECTOR, RECOGNIZER) if not (p / n).is_file()]
     raise InputError(f"{p} " + (f"holds no {' and no '.join(missing)}" if have else "does not exist"),
                      where=where, fix="pass {@" + where + "} " + FACE_FIX)
-
-
-def resize_linear(img: np.ndarray, width: int, height: int) -> np.ndarray:
-    """``cv2.resize(img, (width, height))`` (INTER_LINEAR) of a uint8 HxWxC image, in OpenCV's fixed point (11-bit
-    weights; its vector code's rounding of the vertical pass)."""
-    h, w = img.shape[:2]
-    if (h, w) == (height, width):
-        return img.copy()
-
-    def taps(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-        scale = src / dst
-        f = ((np.arange(dst) + 0.5) * scale - 0.5).astype(np.float32)
-        s = np.floor(f).astype(np.int64)
-        f = f - s
-        f = np.where(s < 0, 0, f)
-        s = np.where(s < 0, 0, s)
-        last = s >= src - 1
-        f = np.where(last, 0, f)
-        s = np.where(last, src - 1, s)
-        a1 = np.rint(f * 2048).astype(np.int64)
-        return np.stack([s, np.minimum(s + 1, src - 1)], 1), np.stack([2048 - a1, a1], 1)
-
-    xi, xw = taps(w, width)
-    yi, yw = taps(h, height)
-    # only the source rows read (two a destination row), widened to int64 after the gather: a photo's whole
-    # int64 copy was 8 bytes a channel (24 MP: 850 MB at the peak for a 640-pixel canvas)
-    need, at = np.unique(yi, return_inverse=True)
-    at = at.reshape(yi.shape)
-    src = img[need]
-    rows = src[:, xi[:, 0]].astype(np.int64) * xw[:, 0, None] + src[:, xi[:, 1]].astype(np.int64) * xw[:, 1, None]
-    s0, s1 = rows[at[:, 0]], rows[at[:, 1]]
-    b0, b1 = yw[:, 0, None, None], yw[:, 1, None, None]
-    out = (((b0 * (s0 >> 4)) >> 16) + ((b1 * (s1 >> 4)) >> 16) + 2) >> 2
-    return np.clip(out, 0, 255).astype(np.uint8)
 
 
 def similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -256,7 +223,7 @@ class FaceModels:
         if nh == 0 or nw == 0:  # over 640:1, a side shrinks to nothing: nothing to see (cv2.resize would raise)
             return []
         canvas = np.zeros((ih, iw, 3), np.uint8)
-        canvas[:nh, :nw] = resize_linear(bgr, nw, nh)
+        canvas[:nh, :nw] = resample(bgr, nw, nh, "linear")  # cv2.resize, INTER_LINEAR
         out = self.detector.run({name: _blob(canvas, 127.5, 128.0)})
         outs = [np.asarray(out[k], np.float32) for k in self.detector.outputs]
         if len(outs) != 9:

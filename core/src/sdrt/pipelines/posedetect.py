@@ -33,8 +33,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .cvresize import resample
 
-__all__ = ["DET_FILE", "POSE_FILE", "DWPose", "find_files", "letterbox", "resize_linear", "warp_affine"]
+__all__ = ["DET_FILE", "POSE_FILE", "DWPose", "find_files", "letterbox", "warp_affine"]
 
 DET_FILE = "yolox_l.onnx"
 POSE_FILE = "dw-ll_ucoco_384.onnx"
@@ -84,41 +85,6 @@ def find_files(where: str | Path | Sequence[str | Path], *, what: str = "dwpose"
 
 
 # ------------------------------------------------------------------------------------------ OpenCV's resamplers
-def _linear_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
-    scale = src / dst
-    d = np.arange(dst)
-    f = (d + 0.5) * scale - 0.5
-    s = np.floor(f).astype(np.int64)
-    f = (f - s).astype(np.float32)
-    low = s < 0
-    f = np.where(low, np.float32(0), f)
-    s = np.where(low, 0, s)
-    high = s >= src - 1
-    f = np.where(high, np.float32(0), f)
-    s = np.where(high, src - 1, s)
-    idx = np.stack([s, np.minimum(s + 1, src - 1)], axis=1)
-    w = np.rint(np.stack([np.float32(1) - f, f], axis=1) * np.float32(2048)).astype(np.int64)
-    return idx, w
-
-
-def resize_linear(a: np.ndarray, width: int, height: int) -> np.ndarray:
-    """``cv2.resize(a, (width, height), interpolation=cv2.INTER_LINEAR)`` of an ``(H, W, C)`` uint8 image: 11-bit
-    weights, rows first, OpenCV's vector rounding."""
-    if a.shape[:2] == (height, width):
-        return a.copy()
-    ix, wx = _linear_axis(a.shape[1], width)
-    iy, wy = _linear_axis(a.shape[0], height)
-    # only the source rows read, widened to int64 after the gather (the whole photo's int64 copy: 8 bytes a channel)
-    need, at = np.unique(iy, return_inverse=True)
-    at = at.reshape(iy.shape)
-    x = a[need]
-    rows = x[:, ix[:, 0]].astype(np.int64) * wx[:, 0][None, :, None] \
-        + x[:, ix[:, 1]].astype(np.int64) * wx[:, 1][None, :, None]
-    out = ((rows[at[:, 0]] >> 4) * wy[:, 0][:, None, None] >> 16) \
-        + ((rows[at[:, 1]] >> 4) * wy[:, 1][:, None, None] >> 16)
-    return np.clip((out + 2) >> 2, 0, 255).astype(np.uint8)
-
-
 def warp_affine(a: np.ndarray, m: np.ndarray, width: int, height: int) -> np.ndarray:
     """``cv2.warpAffine(a, m, (width, height), flags=cv2.INTER_LINEAR)`` as OpenCV 5 computes it: ``m`` inverted
     in doubles, source positions and bilinear weights in float32, zero outside, rounded half to even."""
@@ -166,7 +132,7 @@ def letterbox(rgb: np.ndarray) -> tuple[np.ndarray, float]:
     r = min(DET_SIZE[0] / h, DET_SIZE[1] / w)
     canvas = np.full((DET_SIZE[0], DET_SIZE[1], 3), 114, np.uint8)
     nh, nw = int(h * r), int(w * r)
-    canvas[:nh, :nw] = resize_linear(rgb, nw, nh)
+    canvas[:nh, :nw] = resample(rgb, nw, nh, "linear")  # cv2.resize, INTER_LINEAR
     return np.ascontiguousarray(canvas.transpose(2, 0, 1), dtype=np.float32)[None], r
 
 
