@@ -40,11 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
-                   "dw_openpose_full reads --control-pose-models")
+                   "dw_openpose_full and openpose read --control-pose-models")
     g.add_argument("--control-pose-models", action="append", default=[], metavar="PATH",
-                   help="dw_openpose_full's DWPose files: the folder holding yolox_l.onnx and dw-ll_ucoco_384.onnx "
-                        "(or sd-webui-controlnet's annotator/downloads/openpose, or ComfyUI's "
-                        "custom_nodes/comfyui_controlnet_aux/ckpts/yzd-v/DWPose under it); once for all, or per image")
+                   help="the pose preprocessors' files: the folder holding dw_openpose_full's yolox_l.onnx and "
+                        "dw-ll_ucoco_384.onnx or openpose's body_pose_model.pth (or sd-webui-controlnet's "
+                        "annotator/downloads/openpose under it, or ComfyUI's custom_nodes/comfyui_controlnet_aux/ckpts/"
+                        "yzd-v/DWPose, resp. .../ckpts/lllyasviel/Annotators); once for all, or per image")
     g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
