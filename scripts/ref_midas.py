@@ -124,10 +124,9 @@ def run_extension(model, image: np.ndarray, resolution: int | None, bg_th: float
 
 
 def main() -> None:
-    from midas_helpers import SMALL, make_weights, test_image
-
     import torch
     from controlnet_aux.midas.midas import dpt_depth
+    from midas_helpers import SMALL, make_weights, test_image
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -153,6 +152,7 @@ def main() -> None:
                         f"{key}_normal": nmap})
             print(key, image.shape, "->", padded.shape, "depth", float(raw.min()), float(raw.max()),
                   "zero", float((raw == 0).mean()), "normal bg", float((nmap == [255, 127, 127]).all(-1).mean()))
+        del model
         if "--full" in sys.argv:
             full = build(make_weights(None), Path(tmp), None)
             image = test_image(64, 64)
@@ -160,10 +160,11 @@ def main() -> None:
             np.savez_compressed(OUT / "full_refs.npz", image=image, raw=raw, depth=dmap, normal=nmap)
             print("full", float(raw.min()), float(raw.max()))
     rng = np.random.default_rng(3)
-    plane = (rng.standard_normal((23, 31)) * 4).astype(np.float32)
-    out["sobel_in"] = plane
-    out["sobel_x"] = cv2.Sobel(plane, cv2.CV_32F, 1, 0, ksize=3)
-    out["sobel_y"] = cv2.Sobel(plane, cv2.CV_32F, 0, 1, ksize=3)
+    for key, shape in (("sobel", (23, 31)), ("sobel_even", (40, 70)), ("sobel_wide", (64, 128))):
+        plane = (rng.standard_normal(shape) * 4).astype(np.float32)
+        out[f"{key}_in"] = plane
+        out[f"{key}_x"] = cv2.Sobel(plane, cv2.CV_32F, 1, 0, ksize=3)
+        out[f"{key}_y"] = cv2.Sobel(plane, cv2.CV_32F, 0, 1, ksize=3)
     np.savez_compressed(OUT / "refs.npz", **out)
     print("wrote", OUT / "refs.npz")
 
