@@ -159,6 +159,28 @@ def main() -> None:
             padded, raw, dmap, nmap = run_extension(full, image, None, 0.4)
             np.savez_compressed(OUT / "full_refs.npz", image=image, raw=raw, depth=dmap, normal=nmap)
             print("full", float(raw.min()), float(raw.max()))
+    # the extension's post-processing alone, on a depth with a positive minimum and flat areas: controlnet_aux's
+    # MidasDetector around a stand-in network that returns this depth
+    yy, xx = np.mgrid[0:64, 0:128].astype(np.float32)
+    plane = (2.5 + np.sin(xx / 9.0) * 1.5 + yy / 40.0).astype(np.float32)
+    plane[10:30, 20:60] = np.float32(2.0)
+    plane = np.round(plane * 64) / 64  # steps: flat runs and exact zeros in the Sobel
+
+    class Fixed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # MidasDetector reads its device off a parameter
+
+        def forward(self, x):
+            return torch.from_numpy(plane)[None]
+
+    from controlnet_aux.midas import MidasDetector
+
+    for bg in (0.1, 0.4):
+        dmap, nmap = MidasDetector(Fixed())(np.zeros((64, 128, 3), np.uint8), bg_th=bg, depth_and_normal=True,
+                                            detect_resolution=64, image_resolution=64)
+        out[f"post_depth_{bg}"], out[f"post_normal_{bg}"] = dmap[..., 0], nmap
+    out["post_in"] = plane
     rng = np.random.default_rng(3)
     for key, shape in (("sobel", (23, 31)), ("sobel_even", (40, 70)), ("sobel_wide", (64, 128))):
         plane = (rng.standard_normal(shape) * 4).astype(np.float32)

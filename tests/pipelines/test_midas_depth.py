@@ -62,6 +62,16 @@ def test_depth_and_normal_equal_the_extension(refs, models, backend):
             _close_maps(nmap[:h, :w], refs[f"{key}_normal"], 0.002)
 
 
+@pytest.mark.parametrize("bg", [0.1, 0.4])
+def test_post_processing_equals_the_extension(refs, bg):
+    """apply_midas' min-max depth map and Sobel normal map, bit for bit, of a depth with a positive minimum and flat
+    areas (controlnet_aux's MidasDetector around a stand-in network that returns it)."""
+    assert refs["post_in"].min() >= 1
+    assert np.array_equal(midasdepth.depth_image(refs["post_in"]), refs[f"post_depth_{bg}"])
+    made = midasdepth.normal_image(refs["post_in"], bg)
+    assert np.array_equal(made, refs[f"post_normal_{bg}"]), int((made != refs[f"post_normal_{bg}"]).any(-1).sum())
+
+
 @pytest.mark.parametrize("key", ["sobel", "sobel_even", "sobel_wide"])
 def test_sobel_equals_opencv(refs, key):
     """cv2.Sobel (CV_32F, ksize 3) bit for bit: odd and even widths with a scalar tail, and a multiple of 64."""
