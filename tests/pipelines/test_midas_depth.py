@@ -84,17 +84,18 @@ def test_the_published_layout_is_read():
     read as the published sizes; the network reads all but timm's unused norm and head and refinenet4's unused
     first unit."""
     layout = full_layout()
-    names, size = midasdepth._layout(layout, "dpt_hybrid-midas-501f0c75.pt")
+    size = midasdepth.sizes(layout)
     assert size == dict(embed=768, depth=12, layers=[3, 4, 9], stem=64, channels=[256, 512, 1024], features=256,
-                        grid=24, mlp=3072)
-    assert names == {n: n for n in midasdepth.expected_shapes()}
-    unused = sorted(set(layout) - set(names))
+                        grid=24, mlp=3072) == midasdepth.PUBLISHED
+    want = midasdepth.expected_shapes(**size)
+    assert want == midasdepth.expected_shapes() and all(layout[n] == s for n, s in want.items())
+    unused = sorted(set(layout) - set(want))
     assert unused == sorted(["pretrained.model.norm.weight", "pretrained.model.norm.bias",
                              "pretrained.model.head.weight", "pretrained.model.head.bias"]
                             + [f"scratch.refinenet4.resConfUnit1.conv{i}.{k}" for i in (1, 2)
                                for k in ("weight", "bias")])
-    prefixed = {f"module.{k}": v for k, v in layout.items()}
-    assert midasdepth._layout(prefixed, "x")[1] == size
+    assert {midasdepth.bare(f"module.{k}") for k in layout} == set(layout)
+    assert midasdepth.sizes({k: v for k, v in layout.items() if "blocks.11." not in k}) == size  # checked as published
 
 
 def test_files_and_errors(tmp_path, models):
@@ -115,7 +116,7 @@ def test_files_and_errors(tmp_path, models):
     w = make_weights(SMALL)
     w["scratch.layer2_rn.weight"] = w["scratch.layer2_rn.weight"][:, :8]
     bad = write_pth(tmp_path / "bad.pt", w)
-    with pytest.raises(ModelError, match=r"scratch.layer2_rn.weight is \(64, 8, 3, 3\), not DPT-Hybrid's"):
+    with pytest.raises(ModelError, match=r"layer2_rn.weight is \(64, 8, 3, 3\), not MiDaS's DPT-Hybrid depth model's"):
         midasdepth.MidasDepth(bad)
     (tmp_path / "junk.pt").write_bytes(b"not a torch file")
     with pytest.raises((ModelError, InputError)) as e:

@@ -29,7 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from ..errors import InputError
+from .netgraph import AnnotatorNet
 
 __all__ = ["MIDAS_FILE", "MidasDepth", "build_graph", "depth_image", "expected_shapes", "find_file", "normal_image",
            "sobel3"]
@@ -42,33 +43,16 @@ HEAD_DIM = 64
 HOOKS = (8, 11)
 _VIT = "pretrained.model."
 _RES = "pretrained.model.patch_embed.backbone."
-#: where the extension (its downloads folder, and its older place beside the module) and ComfyUI keep the file
-LAYOUTS = ("extensions/sd-webui-controlnet/annotator/downloads/midas", "annotator/downloads/midas",
-           "extensions/sd-webui-controlnet/annotator/midas", "custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/Annotators",
-           "ckpts/lllyasviel/Annotators", "lllyasviel/Annotators", "midas")
 
 
 # ------------------------------------------------------------------------------------------ files
 def find_file(where: str | Path | Sequence[str | Path], *, what: str = "preprocessor_models") -> Path:
-    """``dpt_hybrid-midas-501f0c75.pt``: ``where`` is the file, a folder holding it, or a models folder with the
-    extension's (``annotator/downloads/midas``) or ComfyUI's (``ckpts/lllyasviel/Annotators``) layout under it."""
-    if not isinstance(where, (str, Path)):
-        files = [Path(p) for p in where]
-        hits = [f for f in files if f.name == MIDAS_FILE] or [f for f in files if f.suffix in (".pt", ".pth")]
-        if len(hits) != 1:
-            raise InputError(f"{what}: depth_midas needs one {MIDAS_FILE}; given {', '.join(map(str, files)) or 'none'}",
-                             where=what, fix=f"pass {MIDAS_FILE} or the folder holding it")
-        where = hits[0]
-    base = Path(where)
-    if base.is_file():
-        return base
-    looked = [base, *(base / s for s in LAYOUTS)]
-    for folder in looked:
-        if (folder / MIDAS_FILE).is_file():
-            return folder / MIDAS_FILE
-    raise InputError(f"{what}: no {MIDAS_FILE} in {base} (looked in {', '.join(str(p) for p in looked[:4])} and "
-                     f"{len(looked) - 4} more)", where=what,
-                     fix=f"download {MIDAS_FILE} (lllyasviel/Annotators) into one of those folders, or pass the file")
+    """``dpt_hybrid-midas-501f0c75.pt``: ``where`` is the file, a folder holding it, or a folder with the
+    extension's (``annotator/downloads/midas``) or ComfyUI's (``ckpts/lllyasviel/Annotators``) layout under it;
+    an ``InputError`` naming the places looked in otherwise."""
+    from .annotators import find
+
+    return find("depth_midas", where, what)[0]
 
 
 # ------------------------------------------------------------------------------------------ the layout
@@ -130,44 +114,41 @@ def expected_shapes(*, embed: int = 768, depth: int = 12, stem: int = 64, channe
     return out
 
 
-def _layout(shapes: Mapping[str, tuple[int, ...]], where: str) -> tuple[dict[str, str], dict[str, Any]]:
-    """The file's names for the tensors the network reads (a ``module.`` / ``model.`` prefix allowed) and its sizes,
-    read from the file (the published file: ViT-B, 12 blocks, stages of 3, 4 and 9 blocks, 256 features)."""
-    fix = f"pass MiDaS's {MIDAS_FILE} (lllyasviel/Annotators)"
-    bare: dict[str, str] = {}
-    for n in shapes:
-        m = re.search(r"(pretrained\.|scratch\.)", n)
-        if m:
-            bare.setdefault(n[m.start():], n)
-    key = _VIT + "cls_token"
-    if key not in bare or _VIT + "pos_embed" not in bare or _RES + "stem.conv.weight" not in bare:
-        raise ModelError(f"{where} is not MiDaS's DPT-Hybrid depth model (no {key})", where=where, fix=fix)
-    embed = int(shapes[bare[key]][-1])
-    depth = len({int(m.group(1)) for n in bare if (m := re.match(re.escape(_VIT) + r"blocks\.(\d+)\.", n))})
-    layers = [len({int(m.group(1)) for n in bare
-                   if (m := re.match(re.escape(_RES) + rf"stages\.{s}\.blocks\.(\d+)\.", n))}) for s in range(3)]
+PUBLISHED = dict(embed=768, depth=12, stem=64, channels=[256, 512, 1024], layers=[3, 4, 9], features=256, grid=24,
+                 mlp=3072)
+
+
+def bare(name: str) -> str:
+    """A file's tensor by its name in the model (from ``pretrained.`` / ``scratch.``: a ``module.`` or ``model.``
+    prefix is allowed)."""
+    m = re.search(r"(?:^|\.)((?:pretrained|scratch)\..*)$", name)
+    return m.group(1) if m else name
+
+
+def sizes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
+    """The network's sizes read from its tensors' shapes (bare names), :data:`PUBLISHED` for the published file; a
+    file whose sizes cannot be read, or that could not be DPT-Hybrid (fewer than 12 ViT blocks, a width that is no
+    multiple of 64, channels GroupNorm(32) cannot split), is checked against the published sizes."""
+    def shape(name: str) -> tuple[int, ...]:
+        return tuple(int(d) for d in shapes[name])
+
+    def count(pattern: str) -> int:
+        return len({int(m.group(1)) for n in shapes if (m := re.match(pattern, n))})
+
     try:
-        size = dict(embed=embed, depth=depth, layers=layers, stem=int(shapes[bare[_RES + "stem.conv.weight"]][0]),
-                    channels=[int(shapes[bare[f"{_RES}stages.{s}.blocks.0.conv3.weight"]][0]) for s in range(3)],
-                    features=int(shapes[bare["scratch.layer1_rn.weight"]][0]),
-                    grid=int(round(math.sqrt(int(shapes[bare[_VIT + "pos_embed"]][1]) - 1))),
-                    mlp=int(shapes[bare[_VIT + "blocks.0.mlp.fc1.weight"]][0]))
+        size = dict(embed=shape(_VIT + "cls_token")[-1], depth=count(re.escape(_VIT) + r"blocks\.(\d+)\."),
+                    stem=shape(_RES + "stem.conv.weight")[0],
+                    channels=[shape(f"{_RES}stages.{s}.blocks.0.conv3.weight")[0] for s in range(3)],
+                    layers=[count(re.escape(_RES) + rf"stages\.{s}\.blocks\.(\d+)\.") for s in range(3)],
+                    features=shape("scratch.layer1_rn.weight")[0],
+                    grid=int(round(math.sqrt(shape(_VIT + "pos_embed")[1] - 1))),
+                    mlp=shape(_VIT + "blocks.0.mlp.fc1.weight")[0])
     except (KeyError, IndexError):
-        raise ModelError(f"{where} is not MiDaS's DPT-Hybrid depth model (its ResNet stages or DPT head are missing)",
-                         where=where, fix=fix) from None
-    if depth <= max(HOOKS) or embed % HEAD_DIM or any(c % (4 * GROUPS) for c in size["channels"]):
-        raise ModelError(f"{where} is not MiDaS's DPT-Hybrid depth model ({depth} ViT blocks of width {embed})",
-                         where=where, fix=fix)
-    want = expected_shapes(**size)
-    missing = [n for n in want if n not in bare]
-    if missing:
-        raise ModelError(f"{where} is not MiDaS's DPT-Hybrid depth model ({len(missing)} of its {len(want)} tensors "
-                         f"missing, e.g. {missing[0]})", where=where, fix=fix)
-    for n, shape in want.items():
-        if tuple(shapes[bare[n]]) != shape:
-            raise ModelError(f"{where}: {n} is {tuple(shapes[bare[n]])}, not DPT-Hybrid's {shape}", where=where,
-                             fix=fix)
-    return {n: bare[n] for n in want}, size
+        return dict(PUBLISHED)
+    if size["depth"] <= max(HOOKS) or size["embed"] % HEAD_DIM or size["stem"] % GROUPS \
+            or any(c % (4 * GROUPS) for c in size["channels"]):
+        return dict(PUBLISHED)
+    return size
 
 
 # ------------------------------------------------------------------------------------------ the graph
@@ -215,206 +196,123 @@ def resize_pos_embed(pos: np.ndarray, gh: int, gw: int) -> np.ndarray:
     return np.concatenate([pos[:1], grid.reshape(gh * gw, -1)], 0)
 
 
-class _Builder:
-    """A few ONNX node helpers over one node/initializer list."""
-
-    def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.count = 0
-        #: named intermediate tensors (the stages, hooked blocks, refinenets), for checking against a reference
-        self.tags: dict[str, str] = {}
-
-    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        from onnx import helper
-
-        self.count += 1
-        out = out or f"{op.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{op.lower()}_{self.count}", **attrs))
-        return out
-
-    def const(self, a: np.ndarray, name: str | None = None) -> str:
-        from onnx import numpy_helper
-
-        self.count += 1
-        name = name or f"c_{self.count}"
-        arr = np.ascontiguousarray(a)
-        self.inits.append(numpy_helper.from_array(arr, name))
-        return name
-
-    def conv(self, x: str, w: np.ndarray, b: np.ndarray | None, stride: int = 1,
-             pads: tuple[int, int, int, int] | None = None) -> str:
-        k = int(w.shape[-1])
-        pads = pads or (k // 2,) * 4
-        ins = [x, self.const(np.asarray(w, np.float32))]
-        if b is not None:
-            ins.append(self.const(np.asarray(b, np.float32)))
-        return self.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=list(pads))
-
-    def group_norm(self, x: str, c: int, hw: tuple[int, int], gamma: np.ndarray, beta: np.ndarray,
-                   relu: bool) -> str:
-        """GroupNorm(32, eps 1e-5) as torch exports it: instance norm over (C/G * H, W) per group, then the affine."""
-        h, w = hw
-        y = self.node("Reshape", [x, self.const(np.array([1, GROUPS, c // GROUPS * h, w], np.int64))])
-        y = self.node("InstanceNormalization", [y, self.const(np.ones(GROUPS, np.float32)),
-                                                self.const(np.zeros(GROUPS, np.float32))], epsilon=1e-5)
-        y = self.node("Reshape", [y, self.const(np.array([1, c, h, w], np.int64))])
-        y = self.node("Mul", [y, self.const(np.asarray(gamma, np.float32).reshape(1, c, 1, 1))])
-        y = self.node("Add", [y, self.const(np.asarray(beta, np.float32).reshape(1, c, 1, 1))])
-        return self.node("Relu", [y]) if relu else y
-
-    def linear(self, x: str, w: np.ndarray, b: np.ndarray | None) -> str:
-        y = self.node("MatMul", [x, self.const(np.ascontiguousarray(np.asarray(w, np.float32).T))])
-        return self.node("Add", [y, self.const(np.asarray(b, np.float32))]) if b is not None else y
-
-    def gelu(self, x: str) -> str:
-        """Exact GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt 2))."""
-        e = self.node("Erf", [self.node("Div", [x, self.const(np.array(math.sqrt(2.0), np.float32))])])
-        e = self.node("Add", [e, self.const(np.array(1.0, np.float32))])
-        return self.node("Mul", [self.node("Mul", [x, e]), self.const(np.array(0.5, np.float32))])
-
-    def upsample2(self, x: str) -> str:
-        """``interpolate(scale_factor=2, mode='bilinear', align_corners=True)``."""
-        return self.node("Resize", [x, "", self.const(np.array([1, 1, 2, 2], np.float32))], mode="linear",
-                         coordinate_transformation_mode="align_corners")
+def graph_arrays(arrays: Mapping[str, np.ndarray], size: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """The tensors the graph holds, from the file's (bare names): the ResNet's convolutions standardised, and each
+    readout projection split into its token and class-token halves (``.tok`` / ``.cls``)."""
+    out = dict(arrays)
+    for n in arrays:
+        if n.startswith(_RES) and n.endswith(".weight") and len(arrays[n].shape) == 4:
+            out[n] = _std_weight(arrays[n])
+    d = size["embed"]
+    for k in (3, 4):
+        p = f"pretrained.act_postprocess{k}.0.project.0"
+        w = np.asarray(arrays[p + ".weight"], np.float32)
+        out[p + ".tok.weight"] = np.ascontiguousarray(w[:, :d])
+        out[p + ".cls.weight"] = np.ascontiguousarray(w[:, d:])
+        out[p + ".cls.bias"] = arrays[p + ".bias"]
+    return out
 
 
 def build_graph(arrays: Mapping[str, np.ndarray], height: int, width: int, size: Mapping[str, Any],
                 taps: Sequence[str] = ()) -> Any:
     """The ``onnx.ModelProto`` of DPT-Hybrid for one ``(1, 3, height, width)`` input ``image`` (sides multiples of
-    32) -> ``depth`` (1, 1, height, width); ``arrays`` by the state dict's names, ``size`` as :func:`_layout`;
+    32) -> ``depth`` (1, 1, height, width); ``arrays`` by the model's (bare) names, ``size`` as :func:`sizes`;
     ``taps``: intermediate tensors to output too (``stem``, ``stage0``-``2``, ``tokens``, ``blockN``,
     ``refinenetN``), as outputs of those names."""
-    import onnx
-    from onnx import TensorProto, helper
+    from .netgraph import Net
 
-    g = _Builder()
-    a = arrays
+    net = Net(graph_arrays(arrays, size))
+    tags: dict[str, str] = {}
 
-    def norm(x: str, prefix: str, c: int, hw: tuple[int, int], relu: bool) -> str:
-        return g.group_norm(x, c, hw, a[prefix + ".weight"], a[prefix + ".bias"], relu)
+    def gn(x: str, name: str, c: int, relu: bool) -> str:
+        y = net.group_norm(x, name, GROUPS, c)
+        return net.relu(y) if relu else y
+
+    def gelu(x: str) -> str:  # exact GELU as torch exports it: x * 0.5 * (1 + erf(x / sqrt 2))
+        e = net.node("Erf", [net.node("Div", [x, net.scalar(math.sqrt(2.0))])])
+        return net.mul(net.mul(x, net.add(e, net.scalar(1.0))), net.scalar(0.5))
 
     # ---- the BiT ResNetV2 stem: 7x7/2 'same' StdConv, GroupNorm + ReLU, 3x3/2 'same' max pool
     h, w = height, width
-    pt, pb = _same_pads(h, 7, 2)
-    pl, pr = _same_pads(w, 7, 2)
-    x = g.conv("image", _std_weight(a[_RES + "stem.conv.weight"]), None, 2, (pt, pl, pb, pr))
+    (pt, pb), (pl, pr) = _same_pads(h, 7, 2), _same_pads(w, 7, 2)
+    x = net.conv("image", _RES + "stem.conv", stride=2, pad=(pt, pl, pb, pr))
     h, w = math.ceil(h / 2), math.ceil(w / 2)
-    x = g.tags["stem"] = norm(x, _RES + "stem.norm", size["stem"], (h, w), True)
-    pt, pb = _same_pads(h, 3, 2)
-    pl, pr = _same_pads(w, 3, 2)
+    x = tags["stem"] = gn(x, _RES + "stem.norm", size["stem"], True)
+    (pt, pb), (pl, pr) = _same_pads(h, 3, 2), _same_pads(w, 3, 2)
     # timm pads with -inf; after the ReLU every value is >= 0, so a zero pad picks the same maxima
-    x = g.node("Pad", [x, g.const(np.array([0, 0, pt, pl, 0, 0, pb, pr], np.int64))])
-    x = g.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2])
+    x = net.max_pool(net.node("Pad", [x, net.ints(0, 0, pt, pl, 0, 0, pb, pr)]), 3, 2)
     h, w = (h + pt + pb - 3) // 2 + 1, (w + pl + pr - 3) // 2 + 1
     feats = []
     for s, (n, cout) in enumerate(zip(size["layers"], size["channels"])):
-        mid, stride = cout // 4, (1 if s == 0 else 2)
+        mid = cout // 4
         for b in range(n):
             p = f"{_RES}stages.{s}.blocks.{b}."
-            st = stride if b == 0 else 1
+            st = 2 if s > 0 and b == 0 else 1
             oh, ow = math.ceil(h / st), math.ceil(w / st)
             short = x
             if b == 0:
-                short = g.conv(x, _std_weight(a[p + "downsample.conv.weight"]), None, st, (0, 0, 0, 0))
-                short = norm(short, p + "downsample.norm", cout, (oh, ow), False)
-            y = g.conv(x, _std_weight(a[p + "conv1.weight"]), None)
-            y = norm(y, p + "norm1", mid, (h, w), True)
-            if st == 1:
-                y = g.conv(y, _std_weight(a[p + "conv2.weight"]), None)
-            else:
-                pt, pb = _same_pads(h, 3, st)
-                pl, pr = _same_pads(w, 3, st)
-                y = g.conv(y, _std_weight(a[p + "conv2.weight"]), None, st, (pt, pl, pb, pr))
-            y = norm(y, p + "norm2", mid, (oh, ow), True)
-            y = g.conv(y, _std_weight(a[p + "conv3.weight"]), None)
-            y = norm(y, p + "norm3", cout, (oh, ow), False)
-            x = g.node("Relu", [g.node("Add", [y, short])])
+                short = gn(net.conv(x, p + "downsample.conv", stride=st, pad=0), p + "downsample.norm", cout, False)
+            y = gn(net.conv(x, p + "conv1"), p + "norm1", mid, True)
+            (pt, pb), (pl, pr) = _same_pads(h, 3, st), _same_pads(w, 3, st)
+            y = gn(net.conv(y, p + "conv2", stride=st, pad=(pt, pl, pb, pr)), p + "norm2", mid, True)
+            y = gn(net.conv(y, p + "conv3"), p + "norm3", cout, False)
+            x = net.relu(net.add(y, short))
             h, w = oh, ow
-        feats.append((x, cout, (h, w)))
-        g.tags[f"stage{s}"] = x
-    # ---- ViT-B/16 over the 1/16 features
+        feats.append(x)
+        tags[f"stage{s}"] = x
+    # ---- ViT-B/16 over the 1/16 features, tokens as (N, D)
     d = size["embed"]
     heads = d // HEAD_DIM
     gh, gw = h, w
     n_tok = 1 + gh * gw
-    x = g.conv(x, a[_VIT + "patch_embed.proj.weight"], a[_VIT + "patch_embed.proj.bias"], 1, (0, 0, 0, 0))
-    x = g.node("Transpose", [g.node("Reshape", [x, g.const(np.array([d, gh * gw], np.int64))])], perm=[1, 0])
-    x = g.node("Concat", [g.const(np.asarray(a[_VIT + "cls_token"], np.float32).reshape(1, d)), x], axis=0)
-    x = g.tags["tokens"] = g.node("Add", [x, g.const(resize_pos_embed(a[_VIT + "pos_embed"], gh, gw))])
-    scale = np.array(HEAD_DIM ** -0.5, np.float32)
+    x = net.conv(x, _VIT + "patch_embed.proj", pad=0)
+    x = net.node("Transpose", [net.node("Reshape", [x, net.ints(d, gh * gw)])], perm=[1, 0])
+    cls_token = net.const("cls_token", np.asarray(arrays[_VIT + "cls_token"], np.float32).reshape(1, d))
+    pos = net.const("pos_embed_resized", resize_pos_embed(arrays[_VIT + "pos_embed"], gh, gw))
+    x = tags["tokens"] = net.add(net.concat([cls_token, x], 0), pos)
+    scale = net.scalar(HEAD_DIM ** -0.5)
     hooked = {}
     for b in range(max(HOOKS) + 1):
         p = f"{_VIT}blocks.{b}."
-        y = g.node("LayerNormalization", [x, g.const(np.asarray(a[p + "norm1.weight"], np.float32)),
-                                          g.const(np.asarray(a[p + "norm1.bias"], np.float32))], axis=-1,
-                   epsilon=1e-6)
-        qkv = g.linear(y, a[p + "attn.qkv.weight"], a[p + "attn.qkv.bias"])
-        qkv = g.node("Reshape", [qkv, g.const(np.array([n_tok, 3, heads, HEAD_DIM], np.int64))])
-        qkv = g.node("Transpose", [qkv], perm=[1, 2, 0, 3])  # (3, heads, N, hd)
-        q, k, v = (g.node("Slice", [qkv, g.const(np.array([i], np.int64)), g.const(np.array([i + 1], np.int64)),
-                                    g.const(np.array([0], np.int64))]) for i in range(3))  # (1, heads, N, hd)
-        q = g.node("Mul", [q, g.const(scale)])
-        att = g.node("Softmax", [g.node("MatMul", [q, g.node("Transpose", [k], perm=[0, 1, 3, 2])])], axis=-1)
-        o = g.node("Transpose", [g.node("MatMul", [att, v])], perm=[0, 2, 1, 3])
-        o = g.node("Reshape", [o, g.const(np.array([n_tok, d], np.int64))])
-        x = g.node("Add", [x, g.linear(o, a[p + "attn.proj.weight"], a[p + "attn.proj.bias"])])
-        y = g.node("LayerNormalization", [x, g.const(np.asarray(a[p + "norm2.weight"], np.float32)),
-                                          g.const(np.asarray(a[p + "norm2.bias"], np.float32))], axis=-1,
-                   epsilon=1e-6)
-        y = g.linear(g.gelu(g.linear(y, a[p + "mlp.fc1.weight"], a[p + "mlp.fc1.bias"])),
-                     a[p + "mlp.fc2.weight"], a[p + "mlp.fc2.bias"])
-        x = g.node("Add", [x, y])
-        g.tags[f"block{b}"] = x
+        qkv = net.linear(net.layer_norm(x, p + "norm1"), p + "attn.qkv")
+        qkv = net.node("Transpose", [net.node("Reshape", [qkv, net.ints(n_tok, 3, heads, HEAD_DIM)])],
+                       perm=[1, 2, 0, 3])  # (3, heads, N, hd)
+        q, k, v = net.nodes_out("Split", [qkv, net.ints(1, 1, 1)], 3, axis=0)  # (1, heads, N, hd) each
+        att = net.node("Softmax", [net.node("MatMul", [net.mul(q, scale),
+                                                       net.node("Transpose", [k], perm=[0, 1, 3, 2])])], axis=-1)
+        o = net.node("Transpose", [net.node("MatMul", [att, v])], perm=[0, 2, 1, 3])
+        x = net.add(x, net.linear(net.node("Reshape", [o, net.ints(n_tok, d)]), p + "attn.proj"))
+        y = gelu(net.linear(net.layer_norm(x, p + "norm2"), p + "mlp.fc1"))
+        x = tags[f"block{b}"] = net.add(x, net.linear(y, p + "mlp.fc2"))
         if b in HOOKS:
             hooked[b] = x
-    # ---- reassemble: the readout token projected in (Linear over [token, class token]) and GELU, to (D, gh, gw)
-    layers = [feats[0][0], feats[1][0]]
+    # ---- reassemble: Linear over [token, class token] and GELU (the readout projection), to (D, gh, gw)
+    layers = list(feats[:2])
     for k, b in ((3, HOOKS[0]), (4, HOOKS[1])):
         p = f"pretrained.act_postprocess{k}."
-        wt = np.asarray(a[p + "0.project.0.weight"], np.float32)
-        tok = g.node("Slice", [hooked[b], g.const(np.array([1], np.int64)), g.const(np.array([n_tok], np.int64)),
-                               g.const(np.array([0], np.int64))])
-        cls = g.node("Slice", [hooked[b], g.const(np.array([0], np.int64)), g.const(np.array([1], np.int64)),
-                               g.const(np.array([0], np.int64))])
-        y = g.node("Add", [g.linear(tok, wt[:, :d], None), g.linear(cls, wt[:, d:], a[p + "0.project.0.bias"])])
-        y = g.gelu(y)
-        y = g.node("Reshape", [g.node("Transpose", [y], perm=[1, 0]),
-                               g.const(np.array([1, d, gh, gw], np.int64))])
-        y = g.conv(y, a[p + "3.weight"], a[p + "3.bias"])
-        if k == 4:
-            y = g.conv(y, a[p + "4.weight"], a[p + "4.bias"], 2, (1, 1, 1, 1))
-        layers.append(y)
+        tok = net.node("Slice", [hooked[b], net.ints(1), net.ints(n_tok), net.ints(0)])
+        cls = net.node("Slice", [hooked[b], net.ints(0), net.ints(1), net.ints(0)])
+        y = gelu(net.add(net.linear(tok, p + "0.project.0.tok"), net.linear(cls, p + "0.project.0.cls")))
+        y = net.node("Reshape", [net.node("Transpose", [y], perm=[1, 0]), net.ints(1, d, gh, gw)])
+        y = net.conv(y, p + "3")
+        layers.append(net.conv(y, p + "4", stride=2, pad=1) if k == 4 else y)
     # ---- the DPT head
-    rn = [g.conv(t, a[f"scratch.layer{i}_rn.weight"], None) for i, t in enumerate(layers, 1)]
+    rn = [net.conv(t, f"scratch.layer{i}_rn") for i, t in enumerate(layers, 1)]
 
     def unit(x: str, p: str) -> str:
-        y = g.conv(g.node("Relu", [x]), a[p + "conv1.weight"], a[p + "conv1.bias"])
-        y = g.conv(g.node("Relu", [y]), a[p + "conv2.weight"], a[p + "conv2.bias"])
-        return g.node("Add", [y, x])
+        y = net.conv(net.relu(net.conv(net.relu(x), p + "conv1")), p + "conv2")
+        return net.add(y, x)
 
-    path = None
+    path = ""
     for i in (4, 3, 2, 1):
         p = f"scratch.refinenet{i}."
-        out = rn[i - 1] if path is None else g.node("Add", [path, unit(rn[i - 1], p + "resConfUnit1.")])
-        out = g.upsample2(unit(out, p + "resConfUnit2."))
-        path = g.tags[f"refinenet{i}"] = g.conv(out, a[p + "out_conv.weight"], a[p + "out_conv.bias"])
-    y = g.conv(path, a["scratch.output_conv.0.weight"], a["scratch.output_conv.0.bias"])
-    y = g.upsample2(y)
-    y = g.node("Relu", [g.conv(y, a["scratch.output_conv.2.weight"], a["scratch.output_conv.2.bias"])])
-    y = g.conv(y, a["scratch.output_conv.4.weight"], a["scratch.output_conv.4.bias"])
-    g.node("Relu", [y], "depth")
-    for t in taps:
-        g.node("Identity", [g.tags[t]], t)
-    graph = helper.make_graph(
-        g.nodes, "sdrt_midas_dpt_hybrid",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
-        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, 1, height, width])]
-        + [helper.make_tensor_value_info(t, TensorProto.FLOAT, []) for t in taps], g.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-midas",
-                              ir_version=8)
-    onnx.checker.check_model(model)
-    return model
+        out = rn[i - 1] if i == 4 else net.add(path, unit(rn[i - 1], p + "resConfUnit1."))
+        out = net.resize(unit(out, p + "resConfUnit2."), scale=2.0, align_corners=True)
+        path = tags[f"refinenet{i}"] = net.conv(out, p + "out_conv")
+    y = net.resize(net.conv(path, "scratch.output_conv.0"), scale=2.0, align_corners=True)
+    y = net.relu(net.conv(net.relu(net.conv(y, "scratch.output_conv.2")), "scratch.output_conv.4"))
+    return net.model("sdrt_midas_dpt_hybrid", {"image": (1, 3, height, width)},
+                     {y: "depth", **{tags[t]: t for t in taps}})
 
 
 # ------------------------------------------------------------------------------------------ around the network
@@ -473,47 +371,22 @@ def normal_image(depth: np.ndarray, bg_th: float = 0.4, a: float = NORMAL_A) -> 
 
 
 # ------------------------------------------------------------------------------------------ the model
-class MidasDepth:
+class MidasDepth(AnnotatorNet):
     """``dpt_hybrid-midas-501f0c75.pt`` compiled on one backend per input size; ``depth(rgb)`` -> the raw depth,
     ``maps(rgb, bg_th)`` -> the extension's ``(depth map, normal map)``."""
 
-    def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
-        from ..weights import Weights
+    WHAT = "MiDaS's DPT-Hybrid depth model"
+    FIX = f"pass MiDaS's {MIDAS_FILE} (lllyasviel/Annotators)"
 
-        self.path = Path(path)
-        where = str(self.path)
-        try:
-            self.weights = Weights.open(self.path)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch file ({type(exc).__name__}: {exc})",
-                             where=where, fix=f"pass MiDaS's {MIDAS_FILE}") from None
-        self._names, self.size = _layout(self.weights.shapes(), where)
-        self.backend, self.device = backend, device
-        self._sessions: dict[tuple[int, int], Any] = {}
-        self.files = (self.path,)
+    def strip(self, name: str) -> str:
+        return bare(name)
 
-    def _session(self, h: int, w: int) -> Any:
-        sess = self._sessions.get((h, w))
-        if sess is None:
-            from ..runtime import load
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        self.size = sizes({bare(n): s for n, s in shapes.items()})
+        return expected_shapes(**self.size)
 
-            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
-            sess = self._sessions[(h, w)] = load(build_graph(arrays, h, w, self.size), backend=self.backend,
-                                                 device=self.device)
-        return sess
-
-    def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
-
-    def __enter__(self) -> MidasDepth:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def build(self, *size: int) -> Any:
+        return build_graph(self.arrays(), size[0], size[1], self.size)
 
     def depth(self, rgb: np.ndarray) -> np.ndarray:
         """The network's depth (HxW float32) of an RGB uint8 image whose sides are multiples of 32."""
@@ -523,7 +396,7 @@ class MidasDepth:
                              "multiples of 32", where="image", fix="pad it (maps() pads to 64 as the extension does)")
         x = rgb.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
         x = np.ascontiguousarray(x.transpose(2, 0, 1)[None])
-        return np.asarray(self._session(h, w).run({"image": x})["depth"][0, 0], np.float32)
+        return np.asarray(self.session(h, w).run({"image": x})["depth"][0, 0], np.float32)
 
     def maps(self, rgb: np.ndarray, bg_th: float = 0.1) -> tuple[np.ndarray, np.ndarray]:
         """``apply_midas``' ``(depth map HxW, normal map HxWx3)`` of an RGB uint8 image; one whose sides are not
