@@ -126,7 +126,7 @@ def run_extension(model, image: np.ndarray, resolution: int | None, bg_th: float
 def main() -> None:
     import torch
     from controlnet_aux.midas.midas import dpt_depth
-    from midas_helpers import SMALL, make_weights, test_image
+    from midas_helpers import SMALL, make_weights, sample_image
 
     torch.set_num_threads(2)
     torch.manual_seed(0)
@@ -145,7 +145,7 @@ def main() -> None:
     out: dict[str, np.ndarray] = {}
     with tempfile.TemporaryDirectory() as tmp:
         model = build(make_weights(SMALL), Path(tmp), SMALL)
-        cases = {"a": (test_image(100, 70), 64, 0.4), "b": (test_image(64, 64), None, 0.1)}
+        cases = {"a": (sample_image(100, 70), 64, 0.4), "b": (sample_image(64, 64), None, 0.1)}
         for key, (image, res, bg) in cases.items():
             padded, raw, dmap, nmap = run_extension(model, image, res, bg)
             out.update({f"{key}_image": image, f"{key}_padded": padded, f"{key}_raw": raw, f"{key}_depth": dmap,
@@ -155,7 +155,7 @@ def main() -> None:
         del model
         if "--full" in sys.argv:
             full = build(make_weights(None), Path(tmp), None)
-            image = test_image(64, 64)
+            image = sample_image(64, 64)
             padded, raw, dmap, nmap = run_extension(full, image, None, 0.4)
             np.savez_compressed(OUT / "full_refs.npz", image=image, raw=raw, depth=dmap, normal=nmap)
             print("full", float(raw.min()), float(raw.max()))

@@ -50,7 +50,7 @@ def make_weights(size: dict | None = None, seed: int = SEED) -> dict[str, np.nda
     return out
 
 
-def test_image(h: int = 96, w: int = 64) -> np.ndarray:
+def sample_image(h: int = 96, w: int = 64) -> np.ndarray:
     """An RGB image with gradients and blobs from the seed."""
     rng = np.random.default_rng(SEED + 1)
     yy, xx = np.mgrid[0:h, 0:w]

@@ -155,3 +155,88 @@ def test_full_size_network_once(tmp_path):
         dmap, nmap = net.maps(refs["image"], 0.4)
     _close_maps(dmap, refs["depth"][..., 0], 0.005)
     _close_maps(nmap, refs["normal"], 0.005)
+
+
+@pytest.fixture(scope="module")
+def comfy(tmp_path_factory):
+    """ComfyUI's layout: <root>/custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/Annotators."""
+    root = tmp_path_factory.mktemp("comfy")
+    folder = root / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators"
+    folder.mkdir(parents=True)
+    write_pth(folder / midasdepth.MIDAS_FILE, make_weights(SMALL))
+    return root
+
+
+def test_preprocess_at_a_resolution_equals_the_extension(refs, models, comfy):
+    """preprocess() scales and pads as resize_image_with_pad (100x70 at 64: INTER_AREA to 91x64, padded to 128x64)
+    and crops both maps back, from the extension's layout and ComfyUI's; normal_midas reads its threshold (low)."""
+    from sdrt.pipelines import preprocessors
+
+    register("openvino")
+    image = refs["a_image"]
+    for where in (models, comfy):
+        depth = preprocessors.preprocess(image, "depth_midas", resolution=64, models=where, backend="openvino")
+        normal = preprocessors.preprocess(image, "normal_midas", low=0.4, resolution=64, models=where,
+                                          backend="openvino")
+        _close_maps(depth, refs["a_depth"], 0.002)
+        _close_maps(normal, refs["a_normal"], 0.002)
+    assert preprocessors.SPECS["normal_midas"].low.default == 0.4
+    same = preprocessors.preprocess(image, "normal_midas", resolution=64, models=models, backend="openvino")
+    assert np.array_equal(same, normal)  # 0.4 when low is not given
+    other = preprocessors.preprocess(image, "normal_midas", low=0.0, resolution=64, models=models, backend="openvino")
+    assert (other != normal).any(-1).mean() > 0.2  # no background: the flat (255, 127, 127) areas get slopes
+
+
+def test_units_thresholds_and_missing_files(models):
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    for name in ("depth_midas", "normal_midas"):
+        with pytest.raises(InputError, match=f"the {name} preprocessor needs dpt_hybrid-midas-501f0c75.pt") as e:
+            parse_units([ControlNet("controlnet", img, preprocessor=name)])
+        assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="the normal background threshold, must be a number from 0 to 1, got 1.5"):
+        parse_units([ControlNet("controlnet", img, preprocessor="normal_midas", low=1.5, preprocessor_models=models)])
+    with pytest.raises(InputError, match="the depth_midas preprocessor reads no low threshold"):
+        parse_units([ControlNet("controlnet", img, preprocessor="depth_midas", low=0.5, preprocessor_models=models)])
+
+
+def test_midas_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with depth_midas gives the image of a unit fed its map by hand; the CLI's
+    --control-preprocessor-models runs normal_midas with --control-threshold-a and writes the module and threshold
+    in the infotext; without the file, one line naming the flag and the file."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["a_image"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="depth_midas", processor_res=64,
+                          preprocessor_models=models)
+        gen = pipe.generate("a room", controlnets=[unit], **kw)
+        by_hand = pipe("a room", controlnets=[("controlnet", preprocessors.preprocess(
+            image, "depth_midas", resolution=64, models=models, backend=backend))], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: depth_midas, Model: controlnet")
+    png, out = tmp_path / "room.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a room", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "normal_midas"]
+    assert main([*args, "--control-threshold-a", "0.3", "--control-preprocessor-models", str(models),
+                 "-o", str(out)]) == 0, capsys.readouterr().err
+    text = Image.open(out).text["parameters"]
+    assert "Module: normal_midas, Model: controlnet" in text and "Threshold A: 0.3" in text, text
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err and midasdepth.MIDAS_FILE in err, err
+    assert main([*args, "--control-preprocessor-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no {midasdepth.MIDAS_FILE} in {tmp_path}" in err, err

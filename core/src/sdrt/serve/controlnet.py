@@ -34,8 +34,10 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
 ALIASES = {"invert": "invert (from white bg & black line)",
-           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "depth": "depth_midas", "normal_map": "normal_midas"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -53,6 +55,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                   {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -190,6 +195,9 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre == "normal_midas" and a is not None and a > 1:
+        raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
@@ -580,7 +588,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        if files is not None:
+        if files is not None and pre in ("dw_openpose_full", "openpose"):
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
@@ -588,7 +596,13 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            if files is not None:  # a model's map (MiDaS): on the server's backend and first device
+                from ..pipelines.preprocessors import preprocess as with_models
+
+                made = with_models(rgb, pre, a, b, None if res is None else int(res), models=files, backend=backend,
+                                   device=device, where="controlnet_module")
+            else:
+                made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
