@@ -123,7 +123,7 @@ def main() -> None:
     fake = np.zeros((120, 100, 3), np.uint8)
     out["dec_head"] = tp[0]
     with torch.no_grad():
-        out["dec_lines"] = np.asarray(utils.pred_lines(fake, Fixed(), [120, 100], 0.2, 3.0), np.float64)
+        out["dec_lines"] = np.asarray(utils.pred_lines(fake, Fixed(), [120, 100], 0.96, 3.0), np.float64)
         pts, scores, _ = utils.deccode_output_score_and_ptss(torch.from_numpy(tp), 200, 3)
     out["dec_pts"], out["dec_scores"] = np.asarray(pts, np.int64), np.asarray(scores, np.float32)
     print("decode: lines", len(out["dec_lines"]), "200th score", scores[-1], "flat tops", flat)

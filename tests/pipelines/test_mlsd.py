@@ -67,11 +67,13 @@ def _rows(a: np.ndarray) -> np.ndarray:
 
 def test_decode_equals_pred_lines(refs):
     """The decoding alone on a made-up head output: the top 200 of over 200 local maxima (flat tops kept), their
-    scores, and the lines that pass 0.2 / 3. Equal scores (a flat top) come in torch.topk's order, which is its
-    own; sdrt takes them by position, so those compare as sets (the map does not depend on the order)."""
+    scores, and the lines that pass 0.96 / 3 (each threshold drops some). Equal scores (a flat top) come in
+    torch.topk's order, which is its own; sdrt takes them by position, so those compare as sets (the map does not
+    depend on the order)."""
     head = np.concatenate([np.zeros((7,) + refs["dec_head"].shape[1:], np.float32), refs["dec_head"]])
-    lines = mlsdmaps.decode(head, 0.2, 3.0)
+    lines = mlsdmaps.decode(head, 0.96, 3.0)
     assert 100 < len(refs["dec_lines"]) < 200
+    assert len(mlsdmaps.decode(head, 0.1, 3.0)) > len(lines) and len(mlsdmaps.decode(head, 0.96, 0.1)) > len(lines)
     np.testing.assert_array_equal(_rows(lines), _rows(refs["dec_lines"]))
     order, scores = mlsdmaps.top_centres(head[7])
     w = head.shape[2]
