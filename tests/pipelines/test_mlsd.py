@@ -145,3 +145,79 @@ def test_cvdraw_line_is_what_draw_lines_calls():
     m = mlsdmaps.draw_lines(np.array([[0, 0, 4, 2]], np.float64), 3, 5)
     ref = cvdraw.line(np.zeros((3, 5, 1), np.uint8), (0, 0), (4, 2), (255,))[:, :, 0]
     assert np.array_equal(m, ref) and int((m > 0).sum()) == 5
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (9, 1), (70, 3, 4), (130, 200, 3)])
+def test_tiny_and_odd_images_make_a_map(pth, shape):
+    """One pixel, a 2-D and an RGBA image, one larger than 128 on both sides (a map of the padded 192x256)."""
+    from sdrt.pipelines import preprocessors
+
+    register("openvino")
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    made = preprocessors.preprocess(img, "mlsd", models=pth, backend="openvino")
+    assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "mlsd", models=pth, backend="openvino")
+
+
+def test_thresholds_and_units(pth):
+    """The sliders: numbers >= 0 (the extension's sliders go 0.01..2 and 0.01..20; any such number works), one
+    line naming the unit's field otherwise; a unit without the file names what to pass; the hires pass soft-injects
+    an mlsd unit, as the extension does for canny and mlsd."""
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlnet import ControlNet, parse_units, residual_scales
+
+    assert preprocessors.check_thresholds("mlsd", 0.01, 20.0, "u") == (0.01, 20.0)
+    assert preprocessors.check_thresholds("mlsd", 5, 100, "u") == (5.0, 100.0)
+    for low, high in ((-0.1, None), (None, float("nan"))):
+        with pytest.raises(InputError) as e:
+            preprocessors.check_thresholds("mlsd", low, high, "controlnets[0]")
+        assert "\n" not in str(e.value) and "MLSD" in str(e.value)
+    assert preprocessors.threshold_fields("mlsd", None, 4.0) == [("Threshold A", "0.1"), ("Threshold B", "4")]
+    img = np.zeros((8, 8, 3), np.uint8)
+    with pytest.raises(InputError, match="mlsd preprocessor needs mlsd_large_512_fp32.pth"):
+        parse_units([ControlNet("controlnet", img, preprocessor="mlsd")])
+    unit = ControlNet("controlnet", img, 0.8, preprocessor="mlsd", preprocessor_models=pth)
+    assert residual_scales(unit, 13) is None
+    assert np.allclose(residual_scales(unit, 13, hires=True), [0.8 * 0.825 ** (12 - i) for i in range(13)])
+
+
+def test_mlsd_in_a_controlnet_run_and_on_the_command_line(refs, pth, tmp_path, capsys):
+    """A unit with mlsd gives the image of a unit fed its map by hand; the CLI's --control-preprocessor-models runs
+    it with the thresholds and writes them in the infotext; without the file, one line naming the flag."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["image"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="mlsd", low=0.3, high=4.0, processor_res=64,
+                          preprocessor_models=pth)
+        gen = pipe.generate("a room", controlnets=[unit], **kw)
+        by_hand = pipe("a room", controlnets=[("controlnet", preprocessors.preprocess(
+            image, "mlsd", 0.3, 4.0, resolution=64, models=pth, backend=backend))], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: mlsd, Model: controlnet")
+    png, out = tmp_path / "room.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a room", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "mlsd"]
+    root = pth.parents[5]  # the A1111 root: <root>/extensions/sd-webui-controlnet/annotator/downloads/mlsd/<file>
+    assert main([*args, "--control-preprocessor-models", str(root), "--control-threshold-a", "0.2",
+                 "-o", str(out)]) == 0, capsys.readouterr().err
+    text = Image.open(out).text["parameters"]
+    assert "Module: mlsd, Model: controlnet" in text and "Threshold A: 0.2, Threshold B: 0.1" in text, text
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "mlsd_large_512_fp32.pth" in err, err
+    assert main([*args, "--control-preprocessor-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no mlsd_large_512_fp32.pth in {tmp_path}" in err, err
