@@ -11,7 +11,8 @@ multiples of 64), ``apply_mlsd`` (``pred_lines`` at the padded image's own size,
 ``cv2.line(..., [255, 255, 255], 1)`` inside its ``try``/``except``, channel 0) and the crop back. controlnet_aux's
 own ``MLSDdetector.__call__`` resizes to multiples of 64 instead of padding; the extension wins.
 
-Writes tests/data/mlsd/mlsd_refs.npz: the image; maps at three resolutions and two threshold pairs; the lines and
+Writes tests/data/mlsd/mlsd_refs.npz: the image; maps at three resolutions and two threshold pairs (and OpenCV's
+padded input at 96, where its bicubic enlarges); the lines and
 the network's channels 7-11 for the image padded at its own size; and cv2.line of random segments (many past the
 edges, some far) on a small canvas, one canvas per segment.
 """
@@ -91,6 +92,9 @@ def main() -> None:
                              ("map_96", 96, 0.1, 0.1), ("map_own_strict", min(h, w), 0.3, 4.0)):
         out[key] = mlsd(model, utils.pred_lines, image, res, tv, td)
         print(key, out[key].shape, "lit", int((out[key] > 0).sum()))
+    # OpenCV's INTER_CUBIC (enlarging to 96) differs from sdrt's bicubic by a level on a few values: its padded
+    # image is kept, so that the map can be checked from the same input as well as through sdrt's resize
+    out["pad_96"] = resize_image_with_pad(image, 96)[0]
     padded, _ = resize_image_with_pad(image, min(h, w))
     out["lines_own"] = np.asarray(utils.pred_lines(padded, model, list(padded.shape[:2]), 0.1, 0.1), np.float64)
     x = np.concatenate([padded, np.ones(padded.shape[:2] + (1,))], axis=-1).transpose(2, 0, 1)[None]

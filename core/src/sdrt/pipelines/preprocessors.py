@@ -45,7 +45,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
