@@ -34,6 +34,7 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
     "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
                          "MiDaS's DPT-Hybrid"),
     "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),

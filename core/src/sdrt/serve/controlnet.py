@@ -33,7 +33,8 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                   "mlsd")}
 MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
@@ -55,6 +56,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
+             {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
                    {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
@@ -566,8 +569,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     import base64
     import secrets
 
-    from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
+    from ..pipelines.preprocessors import preprocess
 
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
@@ -596,13 +599,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            if files is not None:  # a model's map (MiDaS): on the server's backend and first device
-                from ..pipelines.preprocessors import preprocess as with_models
-
-                made = with_models(rgb, pre, a, b, None if res is None else int(res), models=files, backend=backend,
-                                   device=device, where="controlnet_module")
-            else:
-                made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed, models=files, backend=backend,
+                              device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
