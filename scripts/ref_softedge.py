@@ -7,6 +7,9 @@ everything around them is done as sd-webui-controlnet's scripts/processor.py and
 (resize_image_with_pad, apply_hed / apply_pidinet, safe_step, remove_pad, the scribble nms + blur + threshold),
 with OpenCV and controlnet_aux's util (HWC3, nms, safe_step: the extension's functions).
 
+TEED (softedge_teed) likewise: controlnet_aux's TED (the extension's annotator/teed network) on the seeded
+7_model.pth, the extension's TEEDDetector steps around it, at Safe Steps 0, 2 (the default) and 5.
+
     PYTHONPATH=scripts:core/src:tests/pipelines /work/refvenv/bin/python scripts/ref_softedge.py
 
 Writes tests/data/softedge/refs.npz: the images; per case (resolution 72: the 100x72 image's own shorter side, so
@@ -42,11 +45,12 @@ def resize_image_with_pad(img: np.ndarray, resolution: int):
 
 
 def main() -> None:
-    from softedge_helpers import test_image, write_hed, write_pidi
+    from softedge_helpers import test_image, write_hed, write_pidi, write_teed
 
     with tempfile.TemporaryDirectory() as tmp:
         hed_file = write_hed(Path(tmp) / "hed")
         pidi_file = write_pidi(Path(tmp) / "pidinet")
+        teed_file = write_teed(Path(tmp) / "TEED")
         import cv2
         import torch  # after the files are written (write_pth refuses to run beside torch)
         from einops import rearrange
@@ -59,6 +63,10 @@ def main() -> None:
         util = importlib.import_module("controlnet_aux.util")
         hed_mod = importlib.import_module("controlnet_aux.hed")
         pidi_model = importlib.import_module("controlnet_aux.pidi.model")
+        ted = importlib.import_module("controlnet_aux.teed.ted")
+        teed = ted.TED()
+        teed.load_state_dict(torch.load(str(teed_file), map_location="cpu"))  # the extension's unsafe_torch_load
+        teed.eval()
 
         hed = hed_mod.ControlNetHED_Apache2()
         hed.load_state_dict(torch.load(str(hed_file), map_location="cpu"))
@@ -84,6 +92,20 @@ def main() -> None:
                 x = rearrange(torch.from_numpy(bgr).float() / 255.0, "h w c -> 1 c h w")
                 return pidi(x)[-1].cpu().numpy()[0, 0]
 
+        def teed_edge(img: np.ndarray) -> np.ndarray:  # TEEDDetector.__call__ up to the sigmoid
+            H, W, _ = img.shape
+            with torch.no_grad():
+                x = rearrange(torch.from_numpy(img.copy()).float(), "h w c -> 1 c h w")
+                edges = [e.detach().cpu().numpy().astype(np.float32)[0, 0] for e in teed(x)]
+            edges = [cv2.resize(e, (W, H), interpolation=cv2.INTER_LINEAR) for e in edges]
+            edges = np.stack(edges, axis=2)
+            return 1 / (1 + np.exp(-np.mean(edges, axis=2).astype(np.float64)))
+
+        def teed_map(edge: np.ndarray, safe_steps: int) -> np.ndarray:
+            if safe_steps != 0:
+                edge = util.safe_step(edge, safe_steps)
+            return (edge * 255.0).clip(0, 255).astype(np.uint8)
+
         def to_map(edge: np.ndarray, safe: bool) -> np.ndarray:
             if safe:
                 edge = util.safe_step(edge)
@@ -104,9 +126,12 @@ def main() -> None:
             out[f"input/{res}"] = padded
             out[f"hed_edge/{res}"] = he.astype(np.float32)
             out[f"pidi_edge/{res}"] = pe.astype(np.float32)
+            te = teed_edge(padded)
+            out[f"teed_edge/{res}"] = te.astype(np.float32)
             maps = {"softedge_hed": remove_pad(to_map(he, False)), "softedge_hedsafe": remove_pad(to_map(he, True)),
                     "softedge_pidinet": remove_pad(to_map(pe, False)),
                     "softedge_pidisafe": remove_pad(to_map(pe, True))}
+            maps.update({f"softedge_teed_{k}": remove_pad(teed_map(te, k)) for k in (0, 2, 5)})
             maps["scribble_hed"] = scribble(maps["softedge_hed"])
             maps["scribble_pidinet"] = scribble(maps["softedge_pidinet"])
             for name, m in maps.items():

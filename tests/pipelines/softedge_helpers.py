@@ -1,4 +1,4 @@
-"""Full-size ``ControlNetHED.pth`` and ``table5_pidinet.pth`` from fixed seeds, written with numpy and pickle only.
+"""Full-size ``ControlNetHED.pth``, ``table5_pidinet.pth`` and TEED's ``7_model.pth`` from fixed seeds, written with numpy and pickle only.
 
 The weights are He-scaled normals at the published names and shapes (PiDiNet's saved unconverted, under
 ``{"state_dict": {"module.<name>": ...}}`` as its training script saves it), scaled so the random networks draw
@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 from openpose_helpers import write_pth
 
-HED_SEED, PIDI_SEED = 20261202, 20261203
+HED_SEED, PIDI_SEED, TEED_SEED = 20261202, 20261203, 20261204
 
 
 def _he(rng: np.random.Generator, shape: tuple[int, ...], gain: float = 1.0) -> np.ndarray:
@@ -61,6 +61,31 @@ def pidi_weights(seed: int = PIDI_SEED) -> dict[str, np.ndarray]:
         else:
             out[name] = _he(rng, shape)
     return {f"module.{k}": v for k, v in out.items()}
+
+
+def teed_weights(seed: int = TEED_SEED) -> dict[str, np.ndarray]:
+    from sdrt.pipelines.teedmaps import expected_shapes
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in expected_shapes().items():
+        if name.endswith(".bias"):
+            out[name] = (rng.standard_normal(shape) * 0.05).astype(np.float32)
+        elif name == "block_1.conv1.weight":
+            out[name] = _he(rng, shape, 1.0 / 20.0)  # the input is 0..255
+        elif name in ("up_block_1.features.2.weight", "up_block_2.features.2.weight", "up_block_3.features.5.weight",
+                      "block_cat.DWconv2.weight"):
+            out[name] = _he(rng, shape, 12.0)  # the outputs span the sigmoid
+        else:
+            out[name] = _he(rng, shape)
+    return out
+
+
+def write_teed(folder: Path) -> Path:
+    from sdrt.pipelines.teedmaps import TEED_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_pth(folder / TEED_FILE, teed_weights())
 
 
 def write_hed(folder: Path) -> Path:

@@ -18,10 +18,10 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from pipeline_helpers import register  # noqa: E402
-from softedge_helpers import hed_weights, pidi_weights, write_hed, write_pidi  # noqa: E402
+from softedge_helpers import hed_weights, pidi_weights, write_hed, write_pidi, write_teed  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
-from sdrt.pipelines import hedmaps, pidimaps  # noqa: E402
+from sdrt.pipelines import hedmaps, pidimaps, teedmaps  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "softedge"
 KINDS = {"softedge_hed": "soft", "softedge_hedsafe": "safe", "scribble_hed": "scribble",
@@ -38,7 +38,8 @@ def files(tmp_path_factory):
     """The extension's layout: <models>/extensions/sd-webui-controlnet/annotator/downloads/{hed,pidinet}."""
     root = tmp_path_factory.mktemp("softedge")
     down = root / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads"
-    return {"root": root, "hed": write_hed(down / "hed"), "pidinet": write_pidi(down / "pidinet")}
+    return {"root": root, "hed": write_hed(down / "hed"), "pidinet": write_pidi(down / "pidinet"),
+            "teed": write_teed(down / "TEED")}
 
 
 def _close(made: np.ndarray, want: np.ndarray, share: float) -> None:
@@ -65,7 +66,7 @@ class _EdgeOnce:
 
 
 def _cases(backend: str) -> tuple[str, ...]:
-    # the reference backend (onnx's evaluator) runs PiDiNet's dilated and depthwise convs slowly: the 64x64 case
+    # the reference backend (onnx's evaluator) runs dilated, depthwise and transposed convs slowly: the 64x64 case
     return ("40",) if backend == "reference" else ("40", "72", "96")
 
 
@@ -89,14 +90,30 @@ def test_networks_and_maps_equal_the_extension(refs, files, backend):
                 _close(made[:, :, 0], refs[f"map/{name}/{case}"], 0.002 if kind != "scribble" else 0.004)
 
 
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_teed_equals_the_extension(refs, files, backend):
+    """TEED's soft edge (the sigmoid of its four outputs' mean) equals torch's to float32 rounding; its maps at Safe
+    Steps 0, 2 (the default) and 5 equal the extension's but for a pixel's rounding in a thousand."""
+    register(backend)
+    with teedmaps.TEED(files["teed"], backend=backend) as net:
+        for case in _cases(backend):
+            x = refs[f"input/{case}"]
+            edge = net.edge(x)
+            np.testing.assert_allclose(edge, refs[f"teed_edge/{case}"], atol=5e-5)  # its fused output reaches +-30
+            size = refs[f"map/softedge_teed_2/{case}"].shape
+            for steps in (0, 2, 5):
+                made = teedmaps.detect(x, net, steps, size)
+                _close(made[:, :, 1], refs[f"map/softedge_teed_{steps}/{case}"], 0.002)
+
+
 def test_maps_span_levels(refs):
     """The seeded networks draw maps worth comparing: soft maps of many levels, safe maps of three, scribbles with
     both colours in good measure."""
-    for name, kind in KINDS.items():
+    for name, kind in [*KINDS.items(), ("softedge_teed_0", "soft"), ("softedge_teed_2", "safe")]:
         m = refs[f"map/{name}/72"]
         levels = np.unique(m)
         if kind == "soft":
-            assert len(levels) > 200
+            assert len(levels) > 200 if "teed" not in name else len(levels) > 150
         elif kind == "safe":
             assert list(levels) == [0, 127, 255]
         else:
@@ -143,6 +160,8 @@ def test_wrong_files_are_one_line_errors(tmp_path, files):
     with pytest.raises(ModelError) as e:
         pidimaps.PiDiNet(files["hed"])
     assert "is not PiDiNet's table5_pidinet" in str(e.value) and "table5_pidinet.pth" in str(e.value)
+    with pytest.raises(ModelError, match="is not TEED's 7_model.pth"):
+        teedmaps.TEED(files["hed"])
     cut = tmp_path / "ControlNetHED.pth"
     cut.write_bytes(files["hed"].read_bytes()[:200000])
     with pytest.raises((ModelError, InputError)) as e:
