@@ -21,7 +21,7 @@ from pipeline_helpers import register  # noqa: E402
 from softedge_helpers import hed_weights, pidi_weights, write_hed, write_pidi, write_teed  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
-from sdrt.pipelines import hedmaps, pidimaps, teedmaps  # noqa: E402
+from sdrt.pipelines import hedmaps, pidimaps, preprocessors, teedmaps  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "softedge"
 KINDS = {"softedge_hed": "soft", "softedge_hedsafe": "safe", "scribble_hed": "scribble",
@@ -178,3 +178,93 @@ def test_wrong_files_are_one_line_errors(tmp_path, files):
 
     with pytest.raises(ModelError, match=r"block3.convs.1.weight is \(128, 256, 3, 3\)"):
         hedmaps.HED(write_pth(tmp_path / "odd.pth", bad))
+
+
+def test_preprocess_finds_the_files_and_runs_at_a_resolution(refs, files, tmp_path):
+    """preprocess() with the extension's layout (HED, TEED) and ComfyUI's (PiDiNet, under ckpts/lllyasviel/Annotators)
+    makes the extension's maps of the photo: at 72 (a copy and the padding) and at 96 (OpenCV's cubic resize too)."""
+    register("openvino")
+    comfy = tmp_path / "ComfyUI"
+    write_pidi(comfy / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators")
+    image = refs["image"]
+    for res in (72, 96):
+        for name in KINDS:
+            where = comfy if "pidi" in name else files["root"]
+            made = preprocessors.preprocess(image, name, resolution=res, models=where, backend="openvino")
+            assert made.shape == (*refs[f"map/{name}/{res}"].shape, 3)
+            _close(made[:, :, 0], refs[f"map/{name}/{res}"], 0.001)
+        for steps in (0, 2, 5):
+            made = preprocessors.preprocess(image, "softedge_teed", None if steps == 2 else steps, resolution=res,
+                                            models=files["root"], backend="openvino")
+            _close(made[:, :, 0], refs[f"map/softedge_teed_{steps}/{res}"], 0.001)
+
+
+def test_sliders_and_files_are_checked(files):
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    for name, words in (("softedge_hed", "ControlNetHED.pth"), ("scribble_pidinet", "table5_pidinet.pth"),
+                        ("softedge_teed", "7_model.pth")):
+        with pytest.raises(InputError, match=f"the {name} preprocessor needs {words}"):
+            parse_units([ControlNet("controlnet", img, preprocessor=name)])
+    for bad in (11, 2.5, -1):
+        with pytest.raises(InputError, match="TEED's safe steps, must be a whole number from 0 to 10"):
+            parse_units([ControlNet("controlnet", img, preprocessor="softedge_teed", low=bad,
+                                    preprocessor_models=files["root"])])
+    with pytest.raises(InputError, match="reads no low threshold"):
+        parse_units([ControlNet("controlnet", img, preprocessor="softedge_hed", low=3,
+                                preprocessor_models=files["root"])])
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (9, 1), (70, 3, 4), (5, 130, 3)])
+def test_tiny_and_odd_images_make_a_map(files, shape):
+    """One pixel, 2-D and RGBA images, a thin strip: each soft edge makes a map of the image's size (padded to 64
+    for the networks, as the extension pads), at the image's own size and at a resolution."""
+    register("openvino")
+    img = np.random.default_rng(2).integers(0, 256, shape, dtype=np.uint8)
+    for name in ("softedge_hedsafe", "scribble_pidinet", "softedge_teed"):
+        made = preprocessors.preprocess(img, name, models=files["root"], backend="openvino")
+        assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    made = preprocessors.preprocess(img, "softedge_pidinet", resolution=64, models=files["root"], backend="openvino")
+    assert made.shape[2] == 3 and min(made.shape[:2]) == 64
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "softedge_hed", models=files["root"], backend="openvino")
+
+
+def test_softedge_in_a_controlnet_run_and_on_the_command_line(refs, files, tmp_path, capsys):
+    """A unit with softedge_hed gives the image of a unit fed its map by hand; the CLI's
+    --control-preprocessor-models runs scribble_pidinet and writes the module in the infotext; without the file,
+    one line naming the flag."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["image"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="softedge_hed", processor_res=72,
+                          preprocessor_models=files["root"])
+        gen = pipe.generate("a photo", controlnets=[unit], **kw)
+        by_hand = pipe("a photo", controlnets=[("controlnet", preprocessors.preprocess(
+            image, "softedge_hed", resolution=72, models=files["root"], backend=backend))], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: softedge_hed, Model: controlnet")
+    png, out = tmp_path / "photo.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a photo", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "scribble_pidinet"]
+    assert main([*args, "--control-preprocessor-models", str(files["root"]), "-o", str(out)]) == 0, \
+        capsys.readouterr().err
+    assert "Module: scribble_pidinet, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    assert main([*args, "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "table5_pidinet.pth" in err, err
+    assert main([*args, "--control-preprocessor-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no table5_pidinet.pth in {tmp_path}" in err, err

@@ -34,6 +34,11 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
+       for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
+    **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
+       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
 }
 
 

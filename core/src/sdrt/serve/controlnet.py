@@ -34,8 +34,14 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+#: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
+MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
+                "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
 ALIASES = {"invert": "invert (from white bg & black line)",
-           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
+           "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -53,6 +59,10 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    **{m: [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}] for m in (
+        "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
+    "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                      {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -190,6 +200,9 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
+        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
@@ -580,6 +593,16 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
+        if files is not None and pre not in POSE_MODULES:  # the soft edges: a map, no JSON
+            from ..pipelines.preprocessors import preprocess as with_models
+
+            try:
+                made = with_models(rgb, pre, a, b, 512 if res is None else int(res), None, models=files,
+                                   backend=backend, device=device, where="controlnet_module")
+            except InputError as exc:
+                raise _detect_refusal(exc, key, k) from None
+            out.append(base64.b64encode(encode_png(made)).decode("ascii"))
+            continue
         if files is not None:
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
@@ -611,6 +634,8 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     return np.ascontiguousarray(made[:h, :w]), pose
 
 
+#: the model-backed modules whose detect answers OpenPose JSON beside the map
+POSE_MODULES = ("dw_openpose_full", "openpose")
 #: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
 _REFUSED_SLIDER = {"tile_resample": "controlnet_threshold_a", "color_grid": "controlnet_processor_res",
                    "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a"}
