@@ -25,7 +25,7 @@ scribble_hed            - (``ControlNetHED.pth``: ``models``)        padded to 6
 softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
-softedge_teed           Safe Steps 2 (0 to 10, whole; ``7_model.pth``) padded to 64      teedmaps
+softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
