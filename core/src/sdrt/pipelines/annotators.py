@@ -34,6 +34,7 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
     **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
        for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")

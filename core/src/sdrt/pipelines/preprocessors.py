@@ -19,6 +19,8 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
+                        (``mlsd_large_512_fp32.pth``: ``models``)
 softedge_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
 softedge_hedsafe        - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
 scribble_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
@@ -50,7 +52,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
     **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
                                               "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
@@ -129,18 +132,20 @@ def check_thresholds(name: str, low: Any, high: Any, where: str,
             raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
                              fix=f"leave {names[k] if names else arg} out for {name}")
         if not finite_number(value):
-            raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be a finite number, got {value!r:.40}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         v = float(value)
         bad = v <= slider.low if slider.above else v < slider.low
         if bad or v > slider.high or (slider.whole and not v.is_integer()):
-            raise InputError(f"{field}, {_what(name)}, must be {_range(slider)}, got {v:g}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be {_range(slider)}, got {v:g}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         out.append(v)
     return out[0], out[1]
 
 
-def _what(name: str) -> str:
+def _what(name: str, k: int = 0) -> str:
+    if name == "mlsd":
+        return ("the MLSD value threshold", "the MLSD distance threshold")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
@@ -220,6 +225,15 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
 
     (path,) = model_files("openpose", models, where)
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
+
+
+def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
+    in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .mlsdmaps import MLSD
+
+    (path,) = model_files("mlsd", models, where)
+    return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
 
 
 def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
@@ -318,6 +332,10 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name == "mlsd":
+        from .mlsdmaps import line_map
+
+        rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
     elif name in SOFTEDGE:  # the map is cropped before scribble's post-processing, as the extension crops it
         rgb, crop = softedge_map(rgb, name, softedge_net(name, models, backend, device, where), crop, lo), None
     elif name == "shuffle":

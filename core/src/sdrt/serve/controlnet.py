@@ -33,7 +33,8 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                   "mlsd")}
 #: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
 MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
                 "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
@@ -59,6 +60,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
+             {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     **{m: [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}] for m in (
         "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
     "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
@@ -571,8 +574,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     import base64
     import secrets
 
-    from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
+    from ..pipelines.preprocessors import preprocess
 
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
@@ -593,17 +596,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        if files is not None and pre not in POSE_MODULES:  # the soft edges: a map, no JSON
-            from ..pipelines.preprocessors import preprocess as with_models
-
-            try:
-                made = with_models(rgb, pre, a, b, 512 if res is None else int(res), None, models=files,
-                                   backend=backend, device=device, where="controlnet_module")
-            except InputError as exc:
-                raise _detect_refusal(exc, key, k) from None
-            out.append(base64.b64encode(encode_png(made)).decode("ascii"))
-            continue
-        if files is not None:
+        if files is not None and pre in ("dw_openpose_full", "openpose"):
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
@@ -611,7 +604,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed, models=files, backend=backend,
+                              device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
@@ -634,8 +628,6 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     return np.ascontiguousarray(made[:h, :w]), pose
 
 
-#: the model-backed modules whose detect answers OpenPose JSON beside the map
-POSE_MODULES = ("dw_openpose_full", "openpose")
 #: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
 _REFUSED_SLIDER = {"tile_resample": "controlnet_threshold_a", "color_grid": "controlnet_processor_res",
                    "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a"}
