@@ -293,7 +293,9 @@ def test_controlnet_routes(cn_server) -> None:
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                     "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
-                                    "depth", "normal_map"]
+                                    "depth", "normal_map",
+                                    "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
+                                    "softedge_teed"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()

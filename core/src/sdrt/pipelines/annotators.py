@@ -39,6 +39,11 @@ ANNOTATORS: dict[str, Files] = {
                          "MiDaS's DPT-Hybrid"),
     "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
                           "MiDaS's DPT-Hybrid"),
+    **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
+       for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
+    **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
+       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
 }
 
 

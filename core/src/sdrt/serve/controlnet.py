@@ -36,8 +36,14 @@ MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scri
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
                                    "mlsd")}
 MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
+#: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
+MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
+                "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
+           "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
            "depth": "depth_midas", "normal_map": "normal_midas"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
@@ -61,6 +67,10 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
                    {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
+    **{m: [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}] for m in (
+        "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
+    "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                      {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -201,6 +211,9 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
                        field=field(names[1]))
     if pre == "normal_midas" and a is not None and a > 1:
         raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
+                       field=field(names[1]))
+    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
+        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
