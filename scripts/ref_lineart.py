@@ -5,7 +5,11 @@ writes, and the extension's code around them (scripts/preprocessor/legacy/proces
 the detector, ``255 - line``, remove_pad; annotator/lineart_anime: the INTER_CUBIC resizes to multiples of 256
 and back), written here from its reading.
 
-    PYTHONPATH=scripts:core/src:tests/pipelines /work/refvenv/bin/python scripts/ref_lineart.py
+    PYTHONPATH=scripts:core/src:tests/pipelines /work/refvenv/bin/python scripts/ref_lineart.py [EXTENSION]
+
+lineart_anime_denoise's network (MangaLineExtraction's res_skip, annotator/manga_line) is not in controlnet_aux:
+its class is read from a checkout of sd-webui-controlnet, EXTENSION (a work tree, or a git directory read with
+``git show HEAD:...``; default: the mirror this was written against), its A1111 imports stubbed.
 
 Writes tests/data/lineart/refs.npz: the image, the padded input and each map at two processor resolutions, and OpenCV's INTER_CUBIC
 of small random uint8 and float32 arrays.
@@ -24,6 +28,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 RESOLUTIONS = (72, 100)
+EXTENSION = "/work/.mirror/Mikubill+sd-webui-controlnet/repo"
 
 
 def _aux(name: str):
@@ -33,6 +38,39 @@ def _aux(name: str):
         pkg.__path__ = [str(site / "controlnet_aux")]
         sys.modules["controlnet_aux"] = pkg
     return importlib.import_module(f"controlnet_aux.{name}")
+
+
+def manga_class(extension: str):
+    """The extension's ``res_skip`` class, from its annotator/manga_line/__init__.py."""
+    import subprocess
+
+    rel = "annotator/manga_line/__init__.py"
+    path = Path(extension) / rel
+    if path.is_file():
+        src = path.read_text()
+    else:
+        src = subprocess.run(["git", "-C", extension, "show", f"HEAD:{rel}"], capture_output=True, text=True,
+                             check=True).stdout
+    mods, paths = types.ModuleType("modules"), types.ModuleType("annotator.annotator_path")
+    mods.devices = types.ModuleType("modules.devices")
+    paths.models_path = "/nonexistent"
+    sys.modules.update({"modules": mods, "modules.devices": mods.devices,
+                        "annotator": types.ModuleType("annotator"), "annotator.annotator_path": paths})
+    ns: dict = {}
+    exec(compile(src, rel, "exec"), ns)  # noqa: S102 - the extension's own file, read to run its network
+    return ns["res_skip"]
+
+
+def manga_line(model, img):
+    """MangaLineExtration.__call__: OpenCV's grey, fed as 0-255, ``255 - y`` clipped to uint8 (no other
+    inversion: the processor returns it as is)."""
+    import cv2
+    import torch
+
+    g = cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)
+    with torch.no_grad():
+        y = model(torch.from_numpy(np.ascontiguousarray(g)).float()[None, None]).numpy()[0, 0]
+    return (255 - y).clip(0, 255).astype(np.uint8)
 
 
 def resize_image_with_pad(img, resolution):
@@ -70,12 +108,15 @@ def anime_line(model, img):
 
 
 def main() -> None:
-    from lineart_helpers import COARSE_SEED, make_anime, make_generator, test_image, write_pth
+    from lineart_helpers import COARSE_SEED, make_anime, make_generator, make_manga, test_image, write_pth
+
+    extension = sys.argv[1] if len(sys.argv) > 1 else EXTENSION
 
     with tempfile.TemporaryDirectory() as tmp:
         sk = write_pth(Path(tmp) / "sk_model.pth", make_generator())
         sk2 = write_pth(Path(tmp) / "sk_model2.pth", make_generator(COARSE_SEED))
         netg = write_pth(Path(tmp) / "netG.pth", make_anime())
+        erika = write_pth(Path(tmp) / "erika.pth", make_manga())
         import cv2
         import torch
         import torch.nn as nn
@@ -92,6 +133,9 @@ def main() -> None:
         ckpt = torch.load(netg, map_location="cpu")
         unet.load_state_dict({k.replace("module.", ""): v for k, v in ckpt.items()})
         unet.eval()
+        manga = manga_class(extension)()
+        manga.load_state_dict(torch.load(erika, map_location="cpu"))  # num_batches_tracked: filled in (no metadata)
+        manga.eval()
         image = test_image()
         out = {"image": image}
         for res in RESOLUTIONS:
@@ -100,6 +144,7 @@ def main() -> None:
             out[f"realistic_{res}"] = (255 - generator_line(gen, img))[:ht, :wt]
             out[f"anime_{res}"] = (255 - anime_line(unet, img))[:ht, :wt]
             out[f"coarse_{res}"] = (255 - generator_line(coarse, img))[:ht, :wt]
+            out[f"manga_{res}"] = manga_line(manga, img)[:ht, :wt]
     rng = np.random.default_rng(11)
     prims = {"cu8_in": rng.integers(0, 256, (40, 56, 3), dtype=np.uint8),
              "cf_in": (rng.standard_normal((96, 120)) * 60 + 127).astype(np.float32)}

@@ -56,3 +56,35 @@ def test_image(h: int = 72, w: int = 100) -> np.ndarray:
     img[h // 3, :] = 0
     img[:, w // 2] = 255
     return img.astype(np.uint8)
+
+
+def make_manga(seed: int = SEED + 2, out_scale: float = 10.0) -> dict[str, np.ndarray]:
+    """``erika.pth``: convs He-scaled, batch norms near identity with small random statistics; the first one
+    standardises 0-255 grey levels and the last conv maps to around the middle of 0-255."""
+    from sdrt.pipelines.lineartnets import manga_shapes
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in manga_shapes().items():
+        kind = name.rsplit(".", 1)[1]
+        if len(shape) == 4:
+            fan_in = shape[1] * shape[2] * shape[3]
+            out[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+        elif kind == "running_var":
+            out[name] = rng.uniform(0.8, 1.2, shape).astype(np.float32)
+        elif kind == "weight":
+            out[name] = rng.uniform(0.8, 1.2, shape).astype(np.float32)
+        else:
+            out[name] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+    first = "block0.model.0.conv1.model.0"
+    out[f"{first}.running_mean"][:] = 128.0
+    out[f"{first}.running_var"][:] = 5000.0
+    for name in out:  # residual branches and shortcuts damped, so that 45 blocks of sums stay near unit scale
+        if name.endswith("residual.model.2.weight"):
+            out[name] *= np.float32(0.3)
+        elif name.endswith("shortcut.model.0.weight"):
+            out[name] *= np.float32(0.7)
+    out["block0.model.0.shortcut.model.0.weight"] *= np.float32(1.0 / 70.0)
+    out["conv15.model.2.weight"] *= np.float32(out_scale)
+    out["conv15.model.2.bias"][:] = 128.0
+    return out

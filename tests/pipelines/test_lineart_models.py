@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lineart_helpers import COARSE_SEED, make_anime, make_generator, write_pth  # noqa: E402
+from lineart_helpers import COARSE_SEED, make_anime, make_generator, make_manga, write_pth  # noqa: E402
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
@@ -41,11 +41,14 @@ def models(tmp_path_factory):
     write_pth(ext / "lineart" / "sk_model.pth", make_generator())
     write_pth(ext / "lineart" / "sk_model2.pth", make_generator(COARSE_SEED))
     write_pth(ext / "lineart_anime" / "netG.pth", make_anime())
+    (ext / "manga_line").mkdir(parents=True)
+    write_pth(ext / "manga_line" / "erika.pth", make_manga())
     return root
 
 
 def _detector(name, models, backend):
-    cls = lineartnets.LineartAnime if name == "lineart_anime" else lineartnets.Lineart
+    cls = {"lineart_anime": lineartnets.LineartAnime,
+           "lineart_anime_denoise": lineartnets.MangaLine}.get(name, lineartnets.Lineart)
     return cls(lineartnets.find_file(name, models), backend=backend)
 
 
@@ -59,8 +62,9 @@ def _close(made, ref, share):
 
 #: the share of pixels a level apart: the anime map also goes through two bicubic resizes (the uint8 one puts
 #: 1 level between sdrt and OpenCV's IPP on a few values, which moves the network's output a little)
-SHARE = {"realistic": 0.005, "coarse": 0.005, "anime": 0.015}
-KINDS = [("lineart_realistic", "realistic"), ("lineart_coarse", "coarse"), ("lineart_anime", "anime")]
+SHARE = {"realistic": 0.005, "coarse": 0.005, "anime": 0.015, "manga": 0.005}
+KINDS = [("lineart_realistic", "realistic"), ("lineart_coarse", "coarse"), ("lineart_anime", "anime"),
+         ("lineart_anime_denoise", "manga")]
 
 
 @pytest.mark.parametrize("backend", ["openvino", "ggml"])
@@ -68,7 +72,7 @@ KINDS = [("lineart_realistic", "realistic"), ("lineart_coarse", "coarse"), ("lin
 def test_maps_equal_the_extension(refs, models, backend, name, key):
     """The detector on the input the extension fed it (OpenCV's resize, padded to 64), at both resolutions:
     the inverted map of the real network's structure (reflection pads, instance norms, transposed convs, the
-    U-Net's in-place LeakyReLU skips) within a level on under half a percent of the pixels (1.5% for anime)."""
+    U-Net's in-place LeakyReLU skips; the manga network's batch norms, strided shortcuts, nearest upsampling) within a level on under half a percent of the pixels (1.5% for anime)."""
     register(backend)
     with _detector(name, models, backend) as det:
         for res, (h, w) in SIZES.items():
@@ -93,6 +97,19 @@ def test_cubic_resizes_equal_opencv(refs):
     f = refs["cf_in"]
     for key, (w, h) in (("cf_out", (48, 40)), ("cf_odd_out", (77, 131))):
         np.testing.assert_allclose(lineartnets.cubic(f, w, h), refs[key], rtol=0, atol=1e-4)
+
+
+def test_grey_equals_opencv():
+    """OpenCV 5's RGB2GRAY on every level of each channel and on mixed colours (values computed with cv2; the
+    per-channel ramps match cv2 too)."""
+    v = np.arange(256)
+    for ch, want in ((0, (v * 19596 + 32768) >> 16), (1, (v * 38470 + 32768) >> 16), (2, (v * 7470 + 32768) >> 16)):
+        a = np.zeros((1, 256, 3), np.uint8)
+        a[0, :, ch] = v
+        assert np.array_equal(lineartnets.gray(a)[0], want)
+    # colours where 14-bit weights round the other way (cv2 5.0 gives 193, 212, 103; 14 bits 192, 211, 104)
+    mixed = np.array([[[228, 205, 35], [232, 240, 11], [167, 46, 233]]], np.uint8)
+    assert lineartnets.gray(mixed)[0].tolist() == [193, 212, 103]
 
 
 def test_files_and_errors(tmp_path, models):

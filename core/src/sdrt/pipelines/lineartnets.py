@@ -1,5 +1,5 @@
-"""Lineart (model-backed): sd-webui-controlnet's ``lineart_realistic``, ``lineart_coarse`` and ``lineart_anime``
-modules, their PyTorch files run through sdrt.
+"""Lineart (model-backed): sd-webui-controlnet's ``lineart_realistic``, ``lineart_coarse``, ``lineart_anime`` and
+``lineart_anime_denoise`` modules, their PyTorch files run through sdrt.
 
 - ``lineart_realistic`` / ``lineart_coarse``: informative-drawings' ``Generator(3, 1, 3)`` (``sk_model.pth`` /
   ``sk_model2.pth``): reflection-padded 7x7 conv, two stride-2 convs, three residual blocks, two transposed convs,
@@ -12,6 +12,10 @@ modules, their PyTorch files run through sdrt.
   the tensor each skip keeps, so the skips carry ``leaky_relu(x)``; the graph does the same. Around it: the image
   resized (OpenCV's INTER_CUBIC) to multiples of 256, fed as ``x / 127.5 - 1``, the output ``y * 127.5 + 127.5``
   resized back (INTER_CUBIC, float32), clipped, truncated to uint8 and inverted.
+- ``lineart_anime_denoise``: MangaLineExtraction's ``res_skip`` (``erika.pth``): a residual U-Net of
+  BatchNorm -> LeakyReLU 0.2 -> conv blocks (eps 1e-3, the file's running statistics), stride-2 convs down, nearest
+  x2 up, skips added. The extension feeds OpenCV's grey levels as 0-255 and keeps ``255 - y`` clipped to uint8
+  (the network's own inversion; the processor adds none).
 
 All maps are made on the image padded as the extension's ``resize_image_with_pad`` leaves it (multiples of 64,
 edges repeated) and cropped back by the caller; the graphs are built in ONNX in memory and run on any backend
@@ -29,14 +33,17 @@ import numpy as np
 
 from ..errors import InputError, ModelError
 
-__all__ = ["ANIME_FILE", "FILES", "Lineart", "LineartAnime", "anime_shapes", "build_anime", "build_generator",
-           "cubic", "find_file", "generator_shapes"]
+__all__ = ["ANIME_FILE", "FILES", "MANGA_FILE", "Lineart", "LineartAnime", "MangaLine", "anime_shapes",
+           "build_anime", "build_generator", "build_manga", "cubic", "find_file", "generator_shapes", "manga_shapes"]
 
 #: the file each preprocessor reads (lllyasviel/Annotators)
-FILES = {"lineart_realistic": "sk_model.pth", "lineart_coarse": "sk_model2.pth", "lineart_anime": "netG.pth"}
+FILES = {"lineart_realistic": "sk_model.pth", "lineart_coarse": "sk_model2.pth", "lineart_anime": "netG.pth",
+         "lineart_anime_denoise": "erika.pth"}
 ANIME_FILE = FILES["lineart_anime"]
+MANGA_FILE = FILES["lineart_anime_denoise"]
 #: the extension's annotator/downloads sub-folder of each preprocessor's file
-FOLDERS = {"lineart_realistic": "lineart", "lineart_coarse": "lineart", "lineart_anime": "lineart_anime"}
+FOLDERS = {"lineart_realistic": "lineart", "lineart_coarse": "lineart", "lineart_anime": "lineart_anime",
+           "lineart_anime_denoise": "manga_line"}
 
 
 # ------------------------------------------------------------------------------------------ files
@@ -108,12 +115,52 @@ def anime_shapes() -> dict[str, tuple[int, ...]]:
     return dict(sorted(out.items(), key=lambda kv: kv[0].count(".")))
 
 
+#: the manga network's encoder (in, out, repetitions) and decoder stages; every stage but the first and the
+#: last halves (the last repetition's stride 2) or doubles (nearest upsampling) the size
+_MANGA_DOWN = [(1, 24, 2), (24, 48, 3), (48, 96, 5), (96, 192, 7), (192, 384, 12)]
+_MANGA_UP = [(384, 192, 7), (192, 96, 5), (96, 48, 3), (48, 24, 2)]
+
+
+def _manga_blocks() -> list[tuple[str, int, int, int, bool]]:
+    """(name, in, out, stride, upsampling) of every basic block in order, block9 (24 -> 16, 2) last."""
+    out = []
+    for b, (cin, cout, reps) in enumerate(_MANGA_DOWN):
+        for i in range(reps):
+            stride = 2 if i == reps - 1 and b > 0 else 1
+            out.append((f"block{b}.model.{i}", cin if i == 0 else cout, cout, stride, False))
+    for b, (cin, cout, reps) in enumerate(_MANGA_UP, start=5):
+        for i in range(reps):
+            out.append((f"block{b}.model.{i}", cin if i == 0 else cout, cout, 1, i == 0))
+    out += [("block9.model.0", 24, 16, 1, False), ("block9.model.1", 16, 16, 1, False)]
+    return out
+
+
+def manga_shapes() -> dict[str, tuple[int, ...]]:
+    """The tensors of ``erika.pth`` (without ``module.``; ``num_batches_tracked`` is not read) and their shapes."""
+    out: dict[str, tuple[int, ...]] = {}
+
+    def bn_conv(p: str, cin: int, cout: int, k: int) -> None:
+        for t in ("weight", "bias", "running_mean", "running_var"):
+            out[f"{p}.model.0.{t}"] = (cin,)
+        out[f"{p}.model.2.weight"] = (cout, cin, k, k)
+        out[f"{p}.model.2.bias"] = (cout,)
+
+    for name, cin, cout, stride, up in _manga_blocks():
+        bn_conv(f"{name}.conv1", cin, cout, 3)
+        bn_conv(f"{name}.residual", cout, cout, 3)
+        if cin != cout or stride != 1:
+            out[f"{name}.shortcut.model.0.weight"] = (cout, cin, 1, 1)
+            out[f"{name}.shortcut.model.0.bias"] = (cout,)
+    bn_conv("conv15", 16, 1, 1)
+    return out
+
+
 def _match(shapes: Mapping[str, tuple[int, ...]], want: Mapping[str, tuple[int, ...]], where: str, what: str,
            file: str) -> dict[str, str]:
     """The file's names for the expected tensors (a ``module.`` prefix, as DataParallel saves, is allowed)."""
     bare = {}
     for n in shapes:
-        bare[n[len("module."):] if n.startswith("module.") else n] = n
+        bare[n.replace("module.", "")] = n  # as the extension's loaders rename them
     missing = [n for n in want if n not in bare]
     if missing:
         raise ModelError(f"{where} is not {what} ({len(missing)} of its {len(want)} tensors missing, e.g. "
@@ -173,6 +220,19 @@ class _Builder:
         t = self.node("Transpose", [self.node("Pad", [x, name], mode="reflect")], perm=[0, 1, 3, 2])
         return self.node("Transpose", [self.node("Pad", [t, name], mode="reflect")], perm=[0, 1, 3, 2])
 
+    def bn(self, x: str, name: str, eps: float) -> str:
+        """``BatchNorm2d`` in eval mode: the file's weight, bias and running statistics."""
+        ins = [self.const(f"{name}.{t}", np.asarray(self.arrays[f"{name}.{t}"], np.float32))
+               for t in ("weight", "bias", "running_mean", "running_var")]
+        return self.node("BatchNormalization", [x, *ins], epsilon=eps)
+
+    def up2(self, x: str) -> str:
+        """``Upsample(scale_factor=2, mode='nearest')``."""
+        if "up2_scales" not in self.consts:
+            self.consts.add(self.const("up2_scales", np.array([1, 1, 2, 2], np.float32)))
+        return self.node("Resize", [x, "", "up2_scales"], mode="nearest", nearest_mode="floor",
+                         coordinate_transformation_mode="asymmetric")
+
     def inorm(self, x: str, c: int) -> str:
         """``InstanceNorm2d(c)``: no affine, eps 1e-5."""
         if c not in self.norms:
@@ -180,13 +240,14 @@ class _Builder:
                              self.const(f"zeros_{c}", np.zeros(c, np.float32)))
         return self.node("InstanceNormalization", [x, *self.norms[c]], epsilon=1e-5)
 
-    def model(self, x: str, y: str, name: str, height: int, width: int, out_hw: tuple[int, int]) -> Any:
+    def model(self, x: str, y: str, name: str, height: int, width: int, out_hw: tuple[int, int],
+              channels: int = 3) -> Any:
         import onnx
         from onnx import TensorProto, helper
 
         self.nodes.append(helper.make_node("Identity", [y], ["line"], name="line"))
         graph = helper.make_graph(
-            self.nodes, name, [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, 3, height, width])],
+            self.nodes, name, [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, channels, height, width])],
             [helper.make_tensor_value_info("line", TensorProto.FLOAT, [1, 1, *out_hw])], self.inits)
         m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-lineart",
                               ir_version=8)
@@ -236,6 +297,40 @@ def build_anime(arrays: Mapping[str, np.ndarray], height: int, width: int) -> An
         return g.node("Concat", [x, u], axis=1)
 
     return g.model("image", level("image", 0), "sdrt_lineart_anime", height, width, (height, width))
+
+
+def build_manga(arrays: Mapping[str, np.ndarray], height: int, width: int) -> Any:
+    """The ``onnx.ModelProto`` of MangaLineExtraction's ``res_skip`` for one ``(1, 1, height, width)`` input
+    ``image`` (grey levels 0-255, sides multiples of 16) -> ``line`` (1, 1, height, width); ``arrays`` by the file's
+    names without ``module.``. Every conv is BatchNorm (eps 1e-3, running statistics) -> LeakyReLU 0.2 -> conv."""
+    g = _Builder(arrays)
+
+    def brc(x: str, p: str, stride: int = 1) -> str:
+        k = int(arrays[f"{p}.model.2.weight"].shape[-1])
+        y = g.node("LeakyRelu", [g.bn(x, f"{p}.model.0", 1e-3)], alpha=0.2)
+        return g.conv(y, f"{p}.model.2", stride=stride, pad=k // 2)
+
+    blocks = {b[0]: b for b in _manga_blocks()}
+
+    def stage(x: str, b: int) -> str:
+        for name, cin, cout, stride, up in (v for k, v in blocks.items() if k.startswith(f"block{b}.")):
+            y = brc(x, f"{name}.conv1", stride)
+            y = brc(g.up2(y) if up else y, f"{name}.residual")
+            if cin != cout or stride != 1:
+                s = g.conv(x, f"{name}.shortcut.model.0", stride=stride)
+                x = g.up2(s) if up else s
+            x = g.node("Add", [x, y])
+        return x
+
+    skips = []
+    t = "image"
+    for b in range(5):
+        t = stage(t, b)
+        skips.append(t)
+    for b in range(5, 9):
+        t = g.node("Add", [skips[8 - b], stage(t, b)])
+    t = brc(stage(t, 9), "conv15")
+    return g.model("image", t, "sdrt_manga_line", height, width, (height, width), channels=1)
 
 
 # ------------------------------------------------------------------------------------------ OpenCV's INTER_CUBIC
@@ -355,3 +450,32 @@ class LineartAnime(_Net):
         line = self.run(x.transpose(2, 0, 1)[None]) * np.float32(127.5) + np.float32(127.5)
         line = cubic(line.astype(np.float32), w, h)
         return 255 - line.clip(0, 255).astype(np.uint8)
+
+
+def gray(rgb: np.ndarray) -> np.ndarray:
+    """``cv2.cvtColor(rgb, cv2.COLOR_RGB2GRAY)`` of a uint8 image as OpenCV 5 makes it: 16-bit weights (19596,
+    38470, 7470), rounded (14-bit weights, 4899, 9617 and 1868, would give 1 level more or less on
+    about 0.3% of colours)."""
+    x = rgb.astype(np.int64)
+    return ((x[..., 0] * 19596 + x[..., 1] * 38470 + x[..., 2] * 7470 + (1 << 15)) >> 16).astype(np.uint8)
+
+
+class MangaLine(_Net):
+    """``erika.pth``; ``__call__(rgb)`` -> the line map (H, W) uint8 of an RGB uint8 image (its grey levels, as
+    OpenCV makes them, fed as 0-255; ``255 - y`` clipped and truncated), sides padded with their edges to multiples
+    of 16 and cropped back (the extension's are multiples of 64)."""
+
+    what = "MangaLineExtraction's res_skip network"
+    file = MANGA_FILE
+
+    def _shapes(self) -> dict[str, tuple[int, ...]]:
+        return manga_shapes()
+
+    def _build(self, arrays: Mapping[str, np.ndarray], h: int, w: int) -> Any:
+        return build_manga(arrays, h, w)
+
+    def __call__(self, rgb: np.ndarray) -> np.ndarray:
+        h, w = rgb.shape[:2]
+        x = gray(_padded(rgb, 16)).astype(np.float32)[None, None]
+        line = self.run(x)[:h, :w]
+        return (np.float32(255.0) - line).clip(0, 255).astype(np.uint8)
