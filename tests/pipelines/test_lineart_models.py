@@ -72,7 +72,7 @@ KINDS = [("lineart_realistic", "realistic"), ("lineart_coarse", "coarse"), ("lin
 def test_maps_equal_the_extension(refs, models, backend, name, key):
     """The detector on the input the extension fed it (OpenCV's resize, padded to 64), at both resolutions:
     the inverted map of the real network's structure (reflection pads, instance norms, transposed convs, the
-    U-Net's in-place LeakyReLU skips; the manga network's batch norms, strided shortcuts, nearest upsampling) within a level on under half a percent of the pixels (1.5% for anime)."""
+    U-Net's skips; the manga network's batch norms, strided shortcuts, nearest upsampling) within a level on under half a percent of the pixels (1.5% for anime)."""
     register(backend)
     with _detector(name, models, backend) as det:
         for res, (h, w) in SIZES.items():

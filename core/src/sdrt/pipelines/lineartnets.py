@@ -8,8 +8,8 @@
   ControlNet lineart models want white lines on black).
 - ``lineart_anime``: pix2pix's ``UnetGenerator(3, 1, 8, 64)`` with ``InstanceNorm2d`` (``netG.pth``, its tensors
   under ``module.``): 8 stride-2 4x4 convs down (LeakyReLU 0.2 before each but the first), transposed convs up
-  (ReLU before each), skips concatenated and a tanh at the end. The extension's in-place LeakyReLU also rewrites
-  the tensor each skip keeps, so the skips carry ``leaky_relu(x)``; the graph does the same. Around it: the image
+  (ReLU before each), skips concatenated and a tanh at the end (the extension's in-place LeakyReLU rewrites the
+  tensor a skip keeps, which the ReLU after the concatenation makes no difference to). Around it: the image
   resized (OpenCV's INTER_CUBIC) to multiples of 256, fed as ``x / 127.5 - 1``, the output ``y * 127.5 + 127.5``
   resized back (INTER_CUBIC, float32), clipped, truncated to uint8 and inverted.
 - ``lineart_anime_denoise``: MangaLineExtraction's ``res_skip`` (``erika.pth``): a residual U-Net of
@@ -145,7 +145,7 @@ def manga_shapes() -> dict[str, tuple[int, ...]]:
         out[f"{p}.model.2.weight"] = (cout, cin, k, k)
         out[f"{p}.model.2.bias"] = (cout,)
 
-    for name, cin, cout, stride, up in _manga_blocks():
+    for name, cin, cout, stride, _up in _manga_blocks():
         bn_conv(f"{name}.conv1", cin, cout, 3)
         bn_conv(f"{name}.residual", cout, cout, 3)
         if cin != cout or stride != 1:
@@ -286,7 +286,7 @@ def build_anime(arrays: Mapping[str, np.ndarray], height: int, width: int) -> An
             d = g.conv(x, f"{p}model.0", stride=2, pad=1)
             u = g.node("Relu", [level(d, 1)])
             return g.node("Tanh", [g.deconv(u, f"{p}model.3", pad=1, out_pad=0)])
-        # the extension's LeakyReLU is in place: the skip below keeps its output, not x
+        # in place in the extension: the skip keeps leaky_relu(x), the same as x once the parent's ReLU reads it
         x = g.node("LeakyRelu", [x], alpha=0.2)
         d = g.conv(x, f"{p}model.1", stride=2, pad=1)
         if i == last:
