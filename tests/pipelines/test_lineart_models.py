@@ -148,3 +148,71 @@ def test_anime_file_with_or_without_module_prefix(tmp_path, refs):
     bare = {k[len("module."):]: v for k, v in make_anime().items()}
     with lineartnets.LineartAnime(write_pth(tmp_path / "netG.pth", bare), backend="openvino") as det:
         _close(det(refs["input_72"])[:72, :100], refs["anime_72"], SHARE["anime"])
+
+
+@pytest.mark.parametrize("name,key", KINDS)
+def test_preprocess_at_a_resolution_equals_the_extension(refs, models, name, key):
+    """``preprocess`` end to end (the file found in the extension's layout, resize_image_with_pad, the map, the
+    crop): at 72 (the image's shorter side: no resize) as the detector test; at 100 sdrt's bicubic enlargement of
+    the image puts 1 level between it and OpenCV's on a few values in a thousand, which moves a few percent of the
+    map a level; without a resolution, the map at 72."""
+    from sdrt.pipelines import preprocessors
+
+    register("openvino")
+    image = refs["image"]
+    at72 = preprocessors.preprocess(image, name, resolution=72, models=models, backend="openvino")
+    assert at72.shape == (72, 100, 3) and np.array_equal(at72[..., 0], at72[..., 2])
+    _close(at72[..., 0], refs[f"{key}_72"], SHARE[key])
+    _close(preprocessors.preprocess(image, name, resolution=100, models=models, backend="openvino")[..., 0],
+           refs[f"{key}_100"], 0.08)
+    assert np.array_equal(preprocessors.preprocess(image, name, models=models, backend="openvino"), at72)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 3), (5, 300, 3), (33, 47), (40, 30, 4)])
+def test_odd_images_make_a_map(models, shape):
+    """One pixel, a thin strip, 2-D and RGBA images: a map the image's size (padded to 64 inside)."""
+    from sdrt.pipelines import preprocessors
+
+    register("openvino")
+    img = np.random.default_rng(3).integers(0, 256, shape, dtype=np.uint8)
+    for name, _ in KINDS:
+        made = preprocessors.preprocess(img, name, models=models, backend="openvino")
+        assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
+    with pytest.raises(InputError, match="not an 8-bit image"):
+        preprocessors.preprocess(img.astype(np.float32), "lineart_anime", models=models, backend="openvino")
+
+
+def test_lineart_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with lineart_anime gives the image of a unit fed its map by hand, and writes the module in the
+    infotext; the CLI's --control-preprocessor-models runs lineart_realistic; without the file, one line naming the
+    flag and the file."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["image"]
+    kw = dict(steps=2, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="lineart_anime", processor_res=72,
+                          preprocessor_models=models)
+        gen = pipe.generate("a drawing", controlnets=[unit], **kw)
+        by_hand = pipe("a drawing", controlnets=[("controlnet", preprocessors.preprocess(
+            image, "lineart_anime", resolution=72, models=models, backend=backend))], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: lineart_anime, Model: controlnet")
+    png, out = tmp_path / "drawing.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a drawing", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "lineart_realistic"]
+    assert main([*args, "--control-preprocessor-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: lineart_realistic, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    assert main([*args, "--control-preprocessor-models", str(tmp_path), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"no sk_model.pth in {tmp_path}" in err and "--control-preprocessor-models" in err

@@ -34,6 +34,11 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    "lineart_realistic": Files(("sk_model.pth",), ("lineart",), ("lllyasviel/Annotators",), "the lineart model"),
+    "lineart_coarse": Files(("sk_model2.pth",), ("lineart",), ("lllyasviel/Annotators",), "the coarse lineart model"),
+    "lineart_anime": Files(("netG.pth",), ("lineart_anime",), ("lllyasviel/Annotators",), "the anime lineart model"),
+    "lineart_anime_denoise": Files(("erika.pth",), ("manga_line",), ("lllyasviel/Annotators",),
+                                   "the manga line model"),
 }
 
 

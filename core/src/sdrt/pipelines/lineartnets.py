@@ -31,9 +31,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from .netgraph import AnnotatorNet, Net
 
-__all__ = ["ANIME_FILE", "FILES", "MANGA_FILE", "Lineart", "LineartAnime", "MangaLine", "anime_shapes",
+__all__ = ["ANIME_FILE", "DETECTORS", "FILES", "MANGA_FILE", "Lineart", "LineartAnime", "MangaLine", "anime_shapes",
            "build_anime", "build_generator", "build_manga", "cubic", "find_file", "generator_shapes", "manga_shapes"]
 
 #: the file each preprocessor reads (lllyasviel/Annotators)
@@ -41,7 +41,7 @@ FILES = {"lineart_realistic": "sk_model.pth", "lineart_coarse": "sk_model2.pth",
          "lineart_anime_denoise": "erika.pth"}
 ANIME_FILE = FILES["lineart_anime"]
 MANGA_FILE = FILES["lineart_anime_denoise"]
-#: the extension's annotator/downloads sub-folder of each preprocessor's file
+#: the extension's annotator/downloads sub-folder of each preprocessor's file (sdrt.pipelines.annotators' rows)
 FOLDERS = {"lineart_realistic": "lineart", "lineart_coarse": "lineart", "lineart_anime": "lineart_anime",
            "lineart_anime_denoise": "manga_line"}
 
@@ -49,30 +49,11 @@ FOLDERS = {"lineart_realistic": "lineart", "lineart_coarse": "lineart", "lineart
 # ------------------------------------------------------------------------------------------ files
 def find_file(name: str, where: str | Path | Sequence[str | Path], *, what: str = "models") -> Path:
     """The file of preprocessor ``name``: ``where`` is the file, a folder holding it, or a folder with the
-    extension's (``annotator/downloads/<folder>``) or ComfyUI's (``ckpts/lllyasviel/Annotators``) layout under it;
-    an ``InputError`` naming the places looked in otherwise."""
-    want = FILES[name]
-    if not isinstance(where, (str, Path)):
-        files = [Path(p) for p in where]
-        hits = [f for f in files if f.name == want] or [f for f in files if f.suffix in (".pth", ".safetensors")]
-        if len(hits) != 1:
-            raise InputError(f"{what}: {name} needs one {want}; given {', '.join(map(str, files)) or 'none'}",
-                             where=what, fix=f"pass {want} or the folder holding it")
-        where = hits[0]
-    base = Path(where)
-    if base.is_file():
-        return base
-    looked = [base, base / "extensions/sd-webui-controlnet/annotator/downloads" / FOLDERS[name],
-              base / "annotator/downloads" / FOLDERS[name],
-              base / "custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/Annotators",
-              base / "ckpts/lllyasviel/Annotators", base / "lllyasviel/Annotators"]
-    for folder in looked:
-        if (folder / want).is_file():
-            return folder / want
-    raise InputError(f"{what}: no {want} in {base} (looked in {', '.join(str(p) for p in looked[:3])} and "
-                     f"{len(looked) - 3} more)", where=what,
-                     fix=f"download {want} (huggingface.co/lllyasviel/Annotators) into one of those folders, or "
-                         "pass the file")
+    extension's (``annotator/downloads/<folder>``) or ComfyUI's (``ckpts/lllyasviel/Annotators``) layout under it
+    (:func:`sdrt.pipelines.annotators.find`); an ``InputError`` naming ``what`` and the places looked in otherwise."""
+    from .annotators import find
+
+    return find(name, where, what)[0]
 
 
 # ------------------------------------------------------------------------------------------ shapes
@@ -155,121 +136,54 @@ def manga_shapes() -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _match(shapes: Mapping[str, tuple[int, ...]], want: Mapping[str, tuple[int, ...]], where: str, what: str,
-           file: str) -> dict[str, str]:
-    """The file's names for the expected tensors (a ``module.`` prefix, as DataParallel saves, is allowed)."""
-    bare = {}
-    for n in shapes:
-        bare[n.replace("module.", "")] = n  # as the extension's loaders rename them
-    missing = [n for n in want if n not in bare]
-    if missing:
-        raise ModelError(f"{where} is not {what} ({len(missing)} of its {len(want)} tensors missing, e.g. "
-                         f"{missing[0]})", where=where, fix=f"pass lllyasviel's {file}")
-    for n, shape in want.items():
-        if tuple(shapes[bare[n]]) != shape:
-            raise ModelError(f"{where}: {n} is {tuple(shapes[bare[n]])}, not {what}'s {shape}", where=where,
-                             fix=f"pass lllyasviel's {file}")
-    return {n: bare[n] for n in want}
-
-
 # ------------------------------------------------------------------------------------------ the graphs
-class _Builder:
-    """ONNX nodes and initializers of one graph."""
-
-    def __init__(self, arrays: Mapping[str, np.ndarray]) -> None:
-        self.arrays = arrays
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.count = 0
-        self.norms: dict[int, tuple[str, str]] = {}
-        self.consts: set[str] = set()
-
-    def node(self, op: str, inputs: list[str], **attrs: Any) -> str:
-        from onnx import helper
-
-        self.count += 1
-        out = f"{op.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=out, **attrs))
-        return out
-
-    def const(self, name: str, a: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(a), name))
-        return name
-
-    def conv(self, x: str, name: str, *, stride: int = 1, pad: int = 0) -> str:
-        w = self.const(f"{name}.weight", np.asarray(self.arrays[f"{name}.weight"], np.float32))
-        b = self.const(f"{name}.bias", np.asarray(self.arrays[f"{name}.bias"], np.float32))
-        k = int(self.arrays[f"{name}.weight"].shape[-1])
-        return self.node("Conv", [x, w, b], kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-
-    def deconv(self, x: str, name: str, *, pad: int, out_pad: int) -> str:
-        w = self.const(f"{name}.weight", np.asarray(self.arrays[f"{name}.weight"], np.float32))
-        b = self.const(f"{name}.bias", np.asarray(self.arrays[f"{name}.bias"], np.float32))
-        k = int(self.arrays[f"{name}.weight"].shape[-1])
-        return self.node("ConvTranspose", [x, w, b], kernel_shape=[k, k], strides=[2, 2], pads=[pad] * 4,
-                         output_padding=[out_pad, out_pad])
+class _Builder(Net):
+    """:class:`sdrt.pipelines.netgraph.Net` with the layers these networks add."""
 
     def reflect(self, x: str, p: int) -> str:
         """``ReflectionPad2d(p)``: the last axis padded, the two last swapped, padded, swapped back (a reflect Pad of
         the last axis only is what every backend runs, ggml's included)."""
-        name = f"reflect_pads_{p}"
-        if name not in self.consts:
-            self.consts.add(self.const(name, np.array([0, 0, 0, p, 0, 0, 0, p], np.int64)))
-        t = self.node("Transpose", [self.node("Pad", [x, name], mode="reflect")], perm=[0, 1, 3, 2])
-        return self.node("Transpose", [self.node("Pad", [t, name], mode="reflect")], perm=[0, 1, 3, 2])
-
-    def bn(self, x: str, name: str, eps: float) -> str:
-        """``BatchNorm2d`` in eval mode: the file's weight, bias and running statistics."""
-        ins = [self.const(f"{name}.{t}", np.asarray(self.arrays[f"{name}.{t}"], np.float32))
-               for t in ("weight", "bias", "running_mean", "running_var")]
-        return self.node("BatchNormalization", [x, *ins], epsilon=eps)
-
-    def up2(self, x: str) -> str:
-        """``Upsample(scale_factor=2, mode='nearest')``."""
-        if "up2_scales" not in self.consts:
-            self.consts.add(self.const("up2_scales", np.array([1, 1, 2, 2], np.float32)))
-        return self.node("Resize", [x, "", "up2_scales"], mode="nearest", nearest_mode="floor",
-                         coordinate_transformation_mode="asymmetric")
+        pads = self.ints(0, 0, 0, p, 0, 0, 0, p)
+        t = self.node("Transpose", [self.node("Pad", [x, pads], mode="reflect")], perm=[0, 1, 3, 2])
+        return self.node("Transpose", [self.node("Pad", [t, pads], mode="reflect")], perm=[0, 1, 3, 2])
 
     def inorm(self, x: str, c: int) -> str:
         """``InstanceNorm2d(c)``: no affine, eps 1e-5."""
-        if c not in self.norms:
-            self.norms[c] = (self.const(f"ones_{c}", np.ones(c, np.float32)),
-                             self.const(f"zeros_{c}", np.zeros(c, np.float32)))
-        return self.node("InstanceNormalization", [x, *self.norms[c]], epsilon=1e-5)
+        ones, zeros = f"in_ones_{c}", f"in_zeros_{c}"
+        if ones not in self._have:
+            self.const(ones, np.ones(c, np.float32))
+            self.const(zeros, np.zeros(c, np.float32))
+        return self.node("InstanceNormalization", [x, ones, zeros], epsilon=1e-5)
 
-    def model(self, x: str, y: str, name: str, height: int, width: int, out_hw: tuple[int, int],
-              channels: int = 3) -> Any:
-        import onnx
-        from onnx import TensorProto, helper
+    def deconv(self, x: str, name: str, *, pad: int, out_pad: int) -> str:
+        return self.conv_transpose(x, name, stride=2, pad=pad, output_padding=out_pad)
 
-        self.nodes.append(helper.make_node("Identity", [y], ["line"], name="line"))
-        graph = helper.make_graph(
-            self.nodes, name, [helper.make_tensor_value_info(x, TensorProto.FLOAT, [1, channels, height, width])],
-            [helper.make_tensor_value_info("line", TensorProto.FLOAT, [1, 1, *out_hw])], self.inits)
-        m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-lineart",
-                              ir_version=8)
-        onnx.checker.check_model(m)
-        return m
+    def up2(self, x: str) -> str:
+        """``Upsample(scale_factor=2, mode='nearest')``."""
+        return self.resize(x, scale=2.0, mode="nearest")
+
+    def bn(self, x: str, name: str, eps: float) -> str:
+        return self.batch_norm(x, name, eps)
+
+    def done(self, y: str, name: str, height: int, width: int, channels: int = 3) -> Any:
+        return self.model(name, {"image": (1, channels, height, width)}, {y: "line"})
 
 
 def build_generator(arrays: Mapping[str, np.ndarray], height: int, width: int) -> Any:
     """The ``onnx.ModelProto`` of informative-drawings' ``Generator(3, 1, 3)`` for one ``(1, 3, height, width)``
     input ``image`` (multiples of 4) -> ``line`` (1, 1, height, width) in [0, 1]; ``arrays`` by the file's names."""
     g = _Builder(arrays)
-    t = g.node("Relu", [g.inorm(g.conv(g.reflect("image", 3), "model0.1"), 64)])
+    t = g.node("Relu", [g.inorm(g.conv(g.reflect("image", 3), "model0.1", pad=0), 64)])
     t = g.node("Relu", [g.inorm(g.conv(t, "model1.0", stride=2, pad=1), 128)])
     t = g.node("Relu", [g.inorm(g.conv(t, "model1.3", stride=2, pad=1), 256)])
     for b in range(3):
-        r = g.node("Relu", [g.inorm(g.conv(g.reflect(t, 1), f"model2.{b}.conv_block.1"), 256)])
-        r = g.inorm(g.conv(g.reflect(r, 1), f"model2.{b}.conv_block.5"), 256)
+        r = g.node("Relu", [g.inorm(g.conv(g.reflect(t, 1), f"model2.{b}.conv_block.1", pad=0), 256)])
+        r = g.inorm(g.conv(g.reflect(r, 1), f"model2.{b}.conv_block.5", pad=0), 256)
         t = g.node("Add", [t, r])
     t = g.node("Relu", [g.inorm(g.deconv(t, "model3.0", pad=1, out_pad=1), 128)])
     t = g.node("Relu", [g.inorm(g.deconv(t, "model3.3", pad=1, out_pad=1), 64)])
-    t = g.node("Sigmoid", [g.conv(g.reflect(t, 3), "model4.1")])
-    return g.model("image", t, "sdrt_lineart", height, width, (height, width))
+    t = g.node("Sigmoid", [g.conv(g.reflect(t, 3), "model4.1", pad=0)])
+    return g.done(t, "sdrt_lineart", height, width)
 
 
 def build_anime(arrays: Mapping[str, np.ndarray], height: int, width: int) -> Any:
@@ -296,7 +210,7 @@ def build_anime(arrays: Mapping[str, np.ndarray], height: int, width: int) -> An
             u = g.inorm(g.deconv(g.node("Relu", [level(d, i + 1)]), f"{p}model.5", pad=1, out_pad=0), outer)
         return g.node("Concat", [x, u], axis=1)
 
-    return g.model("image", level("image", 0), "sdrt_lineart_anime", height, width, (height, width))
+    return g.done(level("image", 0), "sdrt_lineart_anime", height, width)
 
 
 def build_manga(arrays: Mapping[str, np.ndarray], height: int, width: int) -> Any:
@@ -317,7 +231,7 @@ def build_manga(arrays: Mapping[str, np.ndarray], height: int, width: int) -> An
             y = brc(x, f"{name}.conv1", stride)
             y = brc(g.up2(y) if up else y, f"{name}.residual")
             if cin != cout or stride != 1:
-                s = g.conv(x, f"{name}.shortcut.model.0", stride=stride)
+                s = g.conv(x, f"{name}.shortcut.model.0", stride=stride, pad=0)
                 x = g.up2(s) if up else s
             x = g.node("Add", [x, y])
         return x
@@ -330,7 +244,7 @@ def build_manga(arrays: Mapping[str, np.ndarray], height: int, width: int) -> An
     for b in range(5, 9):
         t = g.node("Add", [skips[8 - b], stage(t, b)])
     t = brc(stage(t, 9), "conv15")
-    return g.model("image", t, "sdrt_manga_line", height, width, (height, width), channels=1)
+    return g.done(t, "sdrt_manga_line", height, width, channels=1)
 
 
 # ------------------------------------------------------------------------------------------ OpenCV's INTER_CUBIC
@@ -351,103 +265,66 @@ def cubic(a: np.ndarray, width: int, height: int) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ the detectors
-class _Net:
-    """A lineart file compiled on one backend per input size."""
-
-    what = ""
-    file = ""
-
-    def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
-        from ..weights import Weights
-
-        self.path = Path(path)
-        where = str(self.path)
-        try:
-            self.weights = Weights.open(self.path)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch file ({type(exc).__name__}: {exc})",
-                             where=where, fix=f"pass lllyasviel's {self.file}") from None
-        self._names = _match(self.weights.shapes(), self._shapes(), where, self.what, self.file)
-        self.backend, self.device = backend, device
-        self._sessions: dict[tuple[int, int], Any] = {}
-        self.files = (self.path,)
-
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
-        raise NotImplementedError
-
-    def _build(self, arrays: Mapping[str, np.ndarray], h: int, w: int) -> Any:
-        raise NotImplementedError
-
-    def run(self, x: np.ndarray) -> np.ndarray:
-        """The network's ``line`` (H, W) float32 for one ``(1, 3, H, W)`` float32 input."""
-        h, w = x.shape[2:]
-        sess = self._sessions.get((h, w))
-        if sess is None:
-            from ..runtime import load
-
-            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
-            sess = self._sessions[(h, w)] = load(self._build(arrays, h, w), backend=self.backend, device=self.device)
-        return sess.run({"image": np.ascontiguousarray(x, np.float32)})["line"][0, 0]
-
-    def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
-
-    def __enter__(self) -> Any:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
-
 def _padded(rgb: np.ndarray, multiple: int) -> np.ndarray:
     h, w = rgb.shape[:2]
     return np.pad(rgb, ((0, -h % multiple), (0, -w % multiple), (0, 0)), mode="edge")
 
 
-class Lineart(_Net):
-    """``sk_model.pth`` / ``sk_model2.pth``; ``__call__(rgb)`` -> the inverted line map (H, W) uint8 of an RGB
-    uint8 image whose sides are multiples of 4 (the extension's are of 64; others are padded with their edges
-    and cropped back)."""
+class _Lineart(AnnotatorNet):
+    """A lineart file compiled on one backend per input size; ``__call__(rgb)`` -> the map (H, W) uint8 of an RGB
+    uint8 image, made on it padded with its edges to multiples of 64 (the extension's inputs already are: its
+    ``resize_image_with_pad``) and cropped back."""
 
-    what = "informative-drawings' lineart Generator"
-    file = "sk_model.pth or sk_model2.pth"
+    def _line(self, x: np.ndarray) -> np.ndarray:
+        """The network's ``line`` (H, W) float32 for one ``(1, C, H, W)`` float32 input."""
+        out = self.session(*x.shape[1:]).run({"image": np.ascontiguousarray(x, np.float32)})
+        return out["line"][0, 0]
 
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
-        return generator_shapes()
-
-    def _build(self, arrays: Mapping[str, np.ndarray], h: int, w: int) -> Any:
-        return build_generator(arrays, h, w)
+    def map(self, rgb: np.ndarray) -> np.ndarray:
+        raise NotImplementedError
 
     def __call__(self, rgb: np.ndarray) -> np.ndarray:
         h, w = rgb.shape[:2]
-        x = _padded(rgb, 4).astype(np.float32) / np.float32(255.0)
-        line = self.run(x.transpose(2, 0, 1)[None])[:h, :w]
+        return np.ascontiguousarray(self.map(_padded(rgb, 64))[:h, :w])
+
+
+class Lineart(_Lineart):
+    """``sk_model.pth`` / ``sk_model2.pth`` (lineart_realistic / lineart_coarse): the inverted line map."""
+
+    WHAT = "informative-drawings' lineart Generator"
+    FIX = "pass lllyasviel's sk_model.pth (lineart_realistic) or sk_model2.pth (lineart_coarse)"
+
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        return generator_shapes()
+
+    def build(self, c: int, h: int, w: int) -> Any:
+        return build_generator(self.arrays(), h, w)
+
+    def map(self, rgb: np.ndarray) -> np.ndarray:
+        x = rgb.astype(np.float32) / np.float32(255.0)
+        line = self._line(x.transpose(2, 0, 1)[None])
         return 255 - (line * np.float32(255.0)).clip(0, 255).astype(np.uint8)
 
 
-class LineartAnime(_Net):
-    """``netG.pth``; ``__call__(rgb)`` -> the inverted line map (H, W) uint8 of an RGB uint8 image, made at the
-    next multiples of 256 (INTER_CUBIC there and back) as the extension does."""
+class LineartAnime(_Lineart):
+    """``netG.pth`` (lineart_anime): the inverted line map, made at the next multiples of 256 (INTER_CUBIC there
+    and back) as the extension does."""
 
-    what = "the anime lineart U-Net"
-    file = ANIME_FILE
+    WHAT = "the anime lineart U-Net"
+    FIX = f"pass lllyasviel's {ANIME_FILE}"
 
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
         return anime_shapes()
 
-    def _build(self, arrays: Mapping[str, np.ndarray], h: int, w: int) -> Any:
-        return build_anime(arrays, h, w)
+    def build(self, c: int, h: int, w: int) -> Any:
+        return build_anime(self.arrays(), h, w)
 
-    def __call__(self, rgb: np.ndarray) -> np.ndarray:
+    def map(self, rgb: np.ndarray) -> np.ndarray:
         h, w = rgb.shape[:2]
         hn, wn = 256 * math.ceil(h / 256), 256 * math.ceil(w / 256)
         img = cubic(np.ascontiguousarray(rgb), wn, hn)
         x = img.astype(np.float32) / np.float32(127.5) - np.float32(1.0)
-        line = self.run(x.transpose(2, 0, 1)[None]) * np.float32(127.5) + np.float32(127.5)
+        line = self._line(x.transpose(2, 0, 1)[None]) * np.float32(127.5) + np.float32(127.5)
         line = cubic(line.astype(np.float32), w, h)
         return 255 - line.clip(0, 255).astype(np.uint8)
 
@@ -460,22 +337,24 @@ def gray(rgb: np.ndarray) -> np.ndarray:
     return ((x[..., 0] * 19596 + x[..., 1] * 38470 + x[..., 2] * 7470 + (1 << 15)) >> 16).astype(np.uint8)
 
 
-class MangaLine(_Net):
-    """``erika.pth``; ``__call__(rgb)`` -> the line map (H, W) uint8 of an RGB uint8 image (its grey levels, as
-    OpenCV makes them, fed as 0-255; ``255 - y`` clipped and truncated), sides padded with their edges to multiples
-    of 16 and cropped back (the extension's are multiples of 64)."""
+class MangaLine(_Lineart):
+    """``erika.pth`` (lineart_anime_denoise): the line map of the image's grey levels (as OpenCV makes them, fed as
+    0-255; ``255 - y`` clipped and truncated)."""
 
-    what = "MangaLineExtraction's res_skip network"
-    file = MANGA_FILE
+    WHAT = "MangaLineExtraction's res_skip network"
+    FIX = f"pass lllyasviel's {MANGA_FILE}"
 
-    def _shapes(self) -> dict[str, tuple[int, ...]]:
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
         return manga_shapes()
 
-    def _build(self, arrays: Mapping[str, np.ndarray], h: int, w: int) -> Any:
-        return build_manga(arrays, h, w)
+    def build(self, c: int, h: int, w: int) -> Any:
+        return build_manga(self.arrays(), h, w)
 
-    def __call__(self, rgb: np.ndarray) -> np.ndarray:
-        h, w = rgb.shape[:2]
-        x = gray(_padded(rgb, 16)).astype(np.float32)[None, None]
-        line = self.run(x)[:h, :w]
+    def map(self, rgb: np.ndarray) -> np.ndarray:
+        line = self._line(gray(rgb).astype(np.float32)[None, None])
         return (np.float32(255.0) - line).clip(0, 255).astype(np.uint8)
+
+
+#: each preprocessor's detector class
+DETECTORS = {"lineart_realistic": Lineart, "lineart_coarse": Lineart, "lineart_anime": LineartAnime,
+             "lineart_anime_denoise": MangaLine}

@@ -19,6 +19,10 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 64        lineartnets
+lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
+lineart_anime           - (``netG.pth``: ``models``)                 padded to 64        lineartnets
+lineart_anime_denoise   - (``erika.pth``: ``models``)                padded to 64        lineartnets
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -43,7 +47,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "lineart", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +89,10 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "lineart_realistic": Spec("pad", models=True),
+    "lineart_coarse": Spec("pad", models=True),
+    "lineart_anime": Spec("pad", models=True),
+    "lineart_anime_denoise": Spec("pad", models=True),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
@@ -208,6 +216,15 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def lineart(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :mod:`sdrt.pipelines.lineartnets` detector of model-backed lineart preprocessor ``name`` from ``models``
+    (its file, or a folder holding it in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .lineartnets import DETECTORS
+
+    (path,) = model_files(name, models, where)
+    return _kept(name, (path,), backend, device, lambda be, dev: DETECTORS[name](path, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -264,6 +281,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name in ("lineart_realistic", "lineart_coarse", "lineart_anime", "lineart_anime_denoise"):
+        # without a resolution the detector pads to 64 itself, as resize_image_with_pad at the image's own size
+        rgb = cm.to_rgb(lineart(name, models, backend, device, where)(cm.checked_rgb(rgb, "sdrt.pipelines.lineartnets")))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

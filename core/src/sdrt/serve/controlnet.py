@@ -34,8 +34,12 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+#: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
+MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
+                "lineart_anime_denoise": "lineart_anime_denoise"})
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+ALIASES["lineart"] = "lineart_realistic"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -58,6 +62,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+# the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
+SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+_UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
@@ -560,6 +567,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
 
     from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
+    from ..pipelines.preprocessors import preprocess as preprocess_with
 
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
@@ -580,6 +588,11 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
+        if files is not None and pre not in _POSE:
+            made = preprocess_with(rgb, pre, resolution=512 if res is None else int(res), models=files,
+                                   backend=backend, device=device, where="controlnet_module")
+            out.append(base64.b64encode(encode_png(made)).decode("ascii"))
+            continue
         if files is not None:
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
@@ -593,6 +606,10 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
+
+
+#: the model-backed modules whose detect also answers the OpenPose JSON
+_POSE = ("dw_openpose_full", "openpose")
 
 
 def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
