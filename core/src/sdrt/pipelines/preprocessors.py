@@ -248,7 +248,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
                backend: str = "auto", device: Any = None, where: str = "models") -> np.ndarray:
     """The control map (HxWx3 uint8) of an HxWx3 uint8 image: ``name`` with its thresholds (None: the defaults),
     at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
-    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files),
+    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files;
+    the lineart models: their ``.pth`` or a folder holding it),
     compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
     from . import controlmaps as cm
 
