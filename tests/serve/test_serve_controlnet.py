@@ -292,7 +292,7 @@ def test_controlnet_routes(cn_server) -> None:
     plain = get("/controlnet/module_list").json()
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}

@@ -39,6 +39,7 @@ ANNOTATORS: dict[str, Files] = {
     "lineart_anime": Files(("netG.pth",), ("lineart_anime",), ("lllyasviel/Annotators",), "the anime lineart model"),
     "lineart_anime_denoise": Files(("erika.pth",), ("manga_line",), ("lllyasviel/Annotators",),
                                    "the manga line model"),
+    "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
 }
 
 

@@ -23,6 +23,8 @@ lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 6
 lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
 lineart_anime           - (``netG.pth``: ``models``)                 padded to 64        lineartnets
 lineart_anime_denoise   - (``erika.pth``: ``models``)                padded to 64        lineartnets
+mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
+                        (``mlsd_large_512_fp32.pth``: ``models``)
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -47,7 +49,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "lineart", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "lineart", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +95,7 @@ SPECS: dict[str, Spec] = {
     "lineart_coarse": Spec("pad", models=True),
     "lineart_anime": Spec("pad", models=True),
     "lineart_anime_denoise": Spec("pad", models=True),
+    "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
@@ -123,18 +126,20 @@ def check_thresholds(name: str, low: Any, high: Any, where: str,
             raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
                              fix=f"leave {names[k] if names else arg} out for {name}")
         if not finite_number(value):
-            raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be a finite number, got {value!r:.40}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         v = float(value)
         bad = v <= slider.low if slider.above else v < slider.low
         if bad or v > slider.high or (slider.whole and not v.is_integer()):
-            raise InputError(f"{field}, {_what(name)}, must be {_range(slider)}, got {v:g}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be {_range(slider)}, got {v:g}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         out.append(v)
     return out[0], out[1]
 
 
-def _what(name: str) -> str:
+def _what(name: str, k: int = 0) -> str:
+    if name == "mlsd":
+        return ("the MLSD value threshold", "the MLSD distance threshold")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level"}.get(name, "the gamma correction")
@@ -225,6 +230,15 @@ def lineart(name: str, models: Any, backend: str = "auto", device: Any = None, w
     return _kept(name, (path,), backend, device, lambda be, dev: DETECTORS[name](path, backend=be, device=dev))
 
 
+def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
+    in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .mlsdmaps import MLSD
+
+    (path,) = model_files("mlsd", models, where)
+    return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -285,6 +299,10 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name in ("lineart_realistic", "lineart_coarse", "lineart_anime", "lineart_anime_denoise"):
         # without a resolution the detector pads to 64 itself, as resize_image_with_pad at the image's own size
         rgb = cm.to_rgb(lineart(name, models, backend, device, where)(cm.checked_rgb(rgb, "sdrt.pipelines.lineartnets")))
+    elif name == "mlsd":
+        from .mlsdmaps import line_map
+
+        rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

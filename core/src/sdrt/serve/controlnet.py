@@ -33,7 +33,8 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                   "mlsd")}
 #: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
 MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
                 "lineart_anime_denoise": "lineart_anime_denoise"})
@@ -57,6 +58,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
+             {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
 }
@@ -565,9 +568,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     import base64
     import secrets
 
-    from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
-    from ..pipelines.preprocessors import preprocess as preprocess_with
+    from ..pipelines.preprocessors import preprocess
 
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
@@ -588,12 +590,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        if files is not None and pre not in _POSE:
-            made = preprocess_with(rgb, pre, resolution=512 if res is None else int(res), models=files,
-                                   backend=backend, device=device, where="controlnet_module")
-            out.append(base64.b64encode(encode_png(made)).decode("ascii"))
-            continue
-        if files is not None:
+        if files is not None and pre in ("dw_openpose_full", "openpose"):
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
@@ -601,15 +598,12 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed, models=files, backend=backend,
+                              device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
-
-
-#: the model-backed modules whose detect also answers the OpenPose JSON
-_POSE = ("dw_openpose_full", "openpose")
 
 
 def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
