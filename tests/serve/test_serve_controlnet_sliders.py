@@ -8,16 +8,16 @@ from __future__ import annotations
 import pytest
 
 from sdrt.pipelines.preprocessors import NAMES, SPECS
-from sdrt.serve.controlnet import _UI_RES, MODULES, SLIDERS
+from sdrt.serve.controlnet import _UI_RES, ALIASES, MODULES, SLIDERS
 
-#: the extension's module name of each pipeline preprocessor (the same but where its UI renamed one: "lineart" is
-#: lineart_realistic)
+#: the extension's module name of each pipeline preprocessor (the same but where its UI renamed one, and the
+#: pipeline took the UI's name: "lineart" is lineart_realistic, "depth" depth_midas)
 MODULE_OF = {pre: module for module, pre in MODULES.items()}
 
 
 def test_the_server_offers_every_preprocessor_of_the_pipeline() -> None:
     assert set(MODULES.values()) == set(NAMES) and len(MODULE_OF) == len(MODULES)
-    assert all(m == p for m, p in MODULES.items() if m != "lineart")
+    assert all(m == p or ALIASES.get(m) == p for m, p in MODULES.items())
     assert set(SLIDERS) == set(MODULES)
 
 

@@ -40,6 +40,10 @@ ANNOTATORS: dict[str, Files] = {
     "lineart_anime_denoise": Files(("erika.pth",), ("manga_line",), ("lllyasviel/Annotators",),
                                    "the manga line model"),
     "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
+    "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                         "MiDaS's DPT-Hybrid"),
+    "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                          "MiDaS's DPT-Hybrid"),
 }
 
 
