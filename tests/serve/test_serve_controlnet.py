@@ -293,6 +293,7 @@ def test_controlnet_routes(cn_server) -> None:
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                     "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
+                                    "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed"]

@@ -19,6 +19,10 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 64        lineartnets
+lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
+lineart_anime           - (``netG.pth``: ``models``)                 padded to 64        lineartnets
+lineart_anime_denoise   - (``erika.pth``: ``models``)                padded to 64        lineartnets
 mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
                         (``mlsd_large_512_fp32.pth``: ``models``)
 depth_midas             - (``dpt_hybrid-midas-501f0c75.pt``)        padded to 64        midasdepth
@@ -54,7 +58,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "midas", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "lineart", "midas", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +100,10 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "lineart_realistic": Spec("pad", models=True),
+    "lineart_coarse": Spec("pad", models=True),
+    "lineart_anime": Spec("pad", models=True),
+    "lineart_anime_denoise": Spec("pad", models=True),
     "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
     "depth_midas": Spec("pad", models=True),
     "normal_midas": Spec("pad", Slider(0.4, 0, 1), models=True),
@@ -232,6 +240,15 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def lineart(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :mod:`sdrt.pipelines.lineartnets` detector of model-backed lineart preprocessor ``name`` from ``models``
+    (its file, or a folder holding it in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .lineartnets import DETECTORS
+
+    (path,) = model_files(name, models, where)
+    return _kept(name, (path,), backend, device, lambda be, dev: DETECTORS[name](path, backend=be, device=dev))
+
+
 def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
     in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
@@ -312,7 +329,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
                backend: str = "auto", device: Any = None, where: str = "models") -> np.ndarray:
     """The control map (HxWx3 uint8) of an HxWx3 uint8 image: ``name`` with its thresholds (None: the defaults),
     at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
-    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files),
+    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files;
+    the lineart models: their ``.pth`` or a folder holding it),
     compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
     from . import controlmaps as cm
 
@@ -345,6 +363,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name in ("lineart_realistic", "lineart_coarse", "lineart_anime", "lineart_anime_denoise"):
+        # without a resolution the detector pads to 64 itself, as resize_image_with_pad at the image's own size
+        rgb = cm.to_rgb(lineart(name, models, backend, device, where)(cm.checked_rgb(rgb, "sdrt.pipelines.lineartnets")))
     elif name == "mlsd":
         from .mlsdmaps import line_map
 

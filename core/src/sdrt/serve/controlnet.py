@@ -35,6 +35,9 @@ MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scri
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
                                    "mlsd")}
+#: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
+MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
+                "lineart_anime_denoise": "lineart_anime_denoise"})
 MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
 #: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
 MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
@@ -45,6 +48,7 @@ ALIASES = {"invert": "invert (from white bg & black line)",
            "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
            "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
            "depth": "depth_midas", "normal_map": "normal_midas"}
+ALIASES["lineart"] = "lineart_realistic"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -76,6 +80,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+# the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
+SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+_UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
