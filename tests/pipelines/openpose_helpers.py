@@ -55,9 +55,10 @@ class LongStorage:  # pragma: no cover - a name for pickle (BatchNorm's num_batc
     pass
 
 
-def write_pth(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+def write_pth(path: Path, arrays: dict[str, np.ndarray], key: str | None = None) -> Path:
     """``torch.save(state_dict)``'s zip layout: data.pkl (rebuild calls over persistent storages) and one raw
-    little-endian storage per tensor (float32; int64 arrays as int64)."""
+    little-endian storage per tensor (float32; int64 arrays as int64); ``key``: the state dict saved as
+    ``{key: state_dict}`` (a training checkpoint's layout)."""
     torch_mod = types.ModuleType("torch")
     utils_mod = types.ModuleType("torch._utils")
     torch_mod.FloatStorage, torch_mod.LongStorage = FloatStorage, LongStorage
@@ -96,7 +97,7 @@ def write_pth(path: Path, arrays: dict[str, np.ndarray]) -> Path:
         import io
 
         buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(state)
+        _Pickler(buf, protocol=2).dump(state if key is None else {key: state})
     finally:
         for k in saved:
             sys.modules.pop(k, None)
