@@ -45,7 +45,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
                         "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; mlsd: "
-                        "mlsd_large_512_fp32.pth; ...), or an A1111 or "
+                        "mlsd_large_512_fp32.pth; normal_bae: scannet.pt; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file(s); once for all, or per image")

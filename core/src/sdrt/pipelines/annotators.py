@@ -35,6 +35,7 @@ ANNOTATORS: dict[str, Files] = {
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
     "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
+    "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
 }
 
 

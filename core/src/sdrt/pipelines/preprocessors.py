@@ -21,6 +21,7 @@ dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 6
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
                         (``mlsd_large_512_fp32.pth``: ``models``)
+normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -45,7 +46,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ SPECS: dict[str, Spec] = {
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
     "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
+    "normal_bae": Spec("pad", models=True),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
@@ -222,6 +224,15 @@ def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "m
     return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
 
 
+def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.normalbae.NormalBae` of ``models`` (``scannet.pt`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .normalbae import NormalBae
+
+    (path,) = model_files("normal_bae", models, where)
+    return _kept("normal_bae", (path,), backend, device, lambda be, dev: NormalBae(path, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -282,6 +293,10 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         from .mlsdmaps import line_map
 
         rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
+    elif name == "normal_bae":
+        from .normalbae import normal_map
+
+        rgb = normal_map(cm.checked_rgb(rgb, "sdrt.pipelines.normalbae"), normal_bae(models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

@@ -34,7 +34,7 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "mlsd")}
+                                   "mlsd", "normal_bae")}
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
@@ -57,10 +57,10 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
              {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
-    "lineart_standard": [], "shuffle": [],
+    "lineart_standard": [], "shuffle": [], "normal_bae": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
-_UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+_UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES}
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
