@@ -121,8 +121,8 @@ def config_of(shapes: Mapping[str, Sequence[int]]) -> Config:
 
 def expected_shapes(cfg: Config = B5) -> dict[str, tuple[int, ...]]:
     """The float tensors of an ``NNET`` (BN decoder) state dict of the configuration and their shapes, by bare name
-    (BatchNorms' ``num_batches_tracked`` are not read; nor are the encoder's ``bn2`` after ``conv_head``, which the
-    decoder never sees, and its absent classifier)."""
+    (BatchNorms' ``num_batches_tracked`` are not read; the encoder's ``bn2`` after ``conv_head`` is checked, though
+    the decoder never sees it; the classifier, which NNET drops, is not in the file)."""
     out: dict[str, tuple[int, ...]] = {ENC + "conv_stem.weight": (cfg.stem, 3, 3, 3)}
     _bn(out, ENC + "bn1", cfg.stem)
     for s, stage in enumerate(cfg.stages):
