@@ -57,6 +57,10 @@ def test_detect_normal_bae(server, root) -> None:
     want = preprocessors.preprocess(REFS["image"], "normal_bae", resolution=64, models=root, backend="openvino")
     assert got.shape == (82, 64, 3) and np.array_equal(got, want)
     assert np.abs(got.astype(int) - REFS["map_64"]).max() <= 1  # the extension's map (a level on float32 noise)
+    r = requests.post(f"{server}/controlnet/detect", json={  # no processor_res: the UI's default slider, 512
+        "controlnet_module": "normal_bae", "controlnet_input_images": [_b64(REFS["image"])]}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert _rgb(r.json()["images"][0]).shape == (658, 512, 3)
 
 
 def test_txt2img_with_a_normal_bae_unit(server) -> None:
