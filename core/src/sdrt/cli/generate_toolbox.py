@@ -54,7 +54,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
-                        "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1)")
+                        "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1), "
+                        "normal_midas's background threshold (0.4)")
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "
                         "threshold (0.1)")

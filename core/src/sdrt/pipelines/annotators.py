@@ -35,6 +35,10 @@ ANNOTATORS: dict[str, Files] = {
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
     "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
+    "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                         "MiDaS's DPT-Hybrid"),
+    "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                          "MiDaS's DPT-Hybrid"),
     "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
 }
 

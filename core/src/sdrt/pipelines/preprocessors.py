@@ -21,6 +21,8 @@ dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 6
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
                         (``mlsd_large_512_fp32.pth``: ``models``)
+depth_midas             - (``dpt_hybrid-midas-501f0c75.pt``)        padded to 64        midasdepth
+normal_midas            Normal Background Threshold 0.4 (0 to 1)    padded to 64        midasdepth
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 ======================  ===========================================  ==================  ==========
 
@@ -46,7 +48,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -89,6 +91,8 @@ SPECS: dict[str, Spec] = {
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
     "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
+    "depth_midas": Spec("pad", models=True),
+    "normal_midas": Spec("pad", Slider(0.4, 0, 1), models=True),
     "normal_bae": Spec("pad", models=True),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
@@ -136,7 +140,8 @@ def _what(name: str, k: int = 0) -> str:
         return ("the MLSD value threshold", "the MLSD distance threshold")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
-            "threshold": "the threshold level"}.get(name, "the gamma correction")
+            "threshold": "the threshold level", "normal_midas": "the normal background threshold"
+            }.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -224,6 +229,16 @@ def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "m
     return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
 
 
+def midas(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.midasdepth.MidasDepth` of ``models`` (``dpt_hybrid-midas-501f0c75.pt`` or a
+    folder holding it in the extension's / ComfyUI's layout), kept as :func:`dwpose`'s are (one for both
+    ``depth_midas`` and ``normal_midas``)."""
+    from .midasdepth import MidasDepth
+
+    (path,) = model_files("depth_midas", models, where)
+    return _kept("midas", (path,), backend, device, lambda be, dev: MidasDepth(path, backend=be, device=dev))
+
+
 def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.normalbae.NormalBae` of ``models`` (``scannet.pt`` or a folder holding it in the
     extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
@@ -293,6 +308,10 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         from .mlsdmaps import line_map
 
         rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
+    elif name in ("depth_midas", "normal_midas"):
+        depth, normal = midas(models, backend, device, where).maps(cm.checked_rgb(rgb, "sdrt.pipelines.midasdepth"),
+                                                                    0.1 if lo is None else lo)
+        rgb = cm.to_rgb(depth) if name == "depth_midas" else normal
     elif name == "normal_bae":
         from .normalbae import normal_map
 

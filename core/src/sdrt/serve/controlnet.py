@@ -35,8 +35,10 @@ MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scri
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
                                    "mlsd", "normal_bae")}
+MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
 ALIASES = {"invert": "invert (from white bg & black line)",
-           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "depth": "depth_midas", "normal_map": "normal_midas"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -56,6 +58,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
              {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
+    "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                   {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
 }
@@ -193,6 +198,9 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre == "normal_midas" and a is not None and a > 1:
+        raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
