@@ -49,6 +49,7 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
        for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
+    "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
 }
 
 

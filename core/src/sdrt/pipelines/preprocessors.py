@@ -34,6 +34,7 @@ softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 6
 softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
+normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -58,7 +59,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "lineart", "midas", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,7 @@ SPECS: dict[str, Spec] = {
     **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
                                               "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
+    "normal_bae": Spec("pad", models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -306,6 +308,15 @@ def softedge_map(rgb: np.ndarray, name: str, net: Any, size: tuple[int, int] | N
     return detect(rgb, net, SOFTEDGE[name][1], size)
 
 
+def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.normalbae.NormalBae` of ``models`` (``scannet.pt`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .normalbae import NormalBae
+
+    (path,) = model_files("normal_bae", models, where)
+    return _kept("normal_bae", (path,), backend, device, lambda be, dev: NormalBae(path, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -376,6 +387,10 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb = cm.to_rgb(depth) if name == "depth_midas" else normal
     elif name in SOFTEDGE:  # the map is cropped before scribble's post-processing, as the extension crops it
         rgb, crop = softedge_map(rgb, name, softedge_net(name, models, backend, device, where), crop, lo), None
+    elif name == "normal_bae":
+        from .normalbae import normal_map
+
+        rgb = normal_map(cm.checked_rgb(rgb, "sdrt.pipelines.normalbae"), normal_bae(models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 
