@@ -1,0 +1,544 @@
+"""Depth Anything (V1 and V2): sd-webui-controlnet's ``depth_anything`` and ``depth_anything_v2`` run through sdrt.
+
+The file (``depth_anything_vitl14.pth`` from LiheYoung/Depth-Anything; ``depth_anything_v2_vitl.safetensors`` /
+``.pth`` from Depth-Anything-V2) is a DINOv2 ViT/14 (``pretrained.*``: patch embedding, a class token, position
+embeddings for a 37x37 grid, blocks with fused qkv and layer scale, a final norm) and a DPT head
+(``depth_head.*``: four projections and resize layers, ``scratch`` convolutions, four refinement blocks and the
+output convolutions). It is read with sdrt's safe file readers and built as an ONNX graph in memory, one per
+input size, which runs on any backend (``sdrt.load``). The width, depth and head sizes come from the file, so the
+ViT-S/B/L files (``vits14``/``vitb14``/``vitl14``, ``v2_vits``/``v2_vitb``/``v2_vitl``) all run. V1 and V2 files
+have the same names and shapes; they differ in which blocks feed the head: V1 takes the last four, V2 the blocks
+``2, 5, 8, 11`` (12 blocks), ``4, 11, 17, 23`` (24) or ``9, 19, 29, 39`` (40).
+
+Around the network, numpy follows the extension's ``annotator/depth_anything*.py`` step for step:
+
+- ``cv2.cvtColor(image, COLOR_BGR2RGB) / 255``: the extension hands its RGB image to a call written for OpenCV's
+  BGR, so the network reads the channels as B, G, R (kept: the maps are the extension's);
+- the image resized (OpenCV's INTER_CUBIC on float64) so that both sides are at least 518 and multiples of 14
+  (``keep_aspect_ratio``, ``lower_bound``, rounded to the nearest multiple, up when that falls under 518);
+- ImageNet's mean and std, then float32;
+- the network; DINOv2's position embeddings resized to the patch grid with torch's bicubic at the scale factor
+  ``(grid + 0.1) / 37`` (DINOv2's ``interpolate_offset``; kept as is for a 37x37 grid);
+- the prediction resized to the image (torch's bilinear, ``align_corners=False``), scaled by its minimum and
+  maximum to 0..255 and truncated to uint8 (a flat prediction gives a black map).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import InputError, ModelError
+
+__all__ = ["Config", "DepthAnything", "V1_FILES", "V2_FILES", "bilinear", "build_graph", "cubic", "depth_map",
+           "expected_shapes", "find_file", "input_size", "pos_embed", "prepare", "read_config"]
+
+V1_FILES = ("depth_anything_vitl14.pth", "depth_anything_vitb14.pth", "depth_anything_vits14.pth")
+V2_FILES = ("depth_anything_v2_vitl.safetensors", "depth_anything_v2_vitl.pth", "depth_anything_v2_vitb.pth",
+            "depth_anything_v2_vits.pth", "depth_anything_v2_vitb.safetensors", "depth_anything_v2_vits.safetensors")
+#: Depth-Anything-V2's ``intermediate_layer_idx`` by the number of blocks
+V2_LAYERS = {12: (2, 5, 8, 11), 24: (4, 11, 17, 23), 40: (9, 19, 29, 39)}
+PATCH, SIZE, HEAD_DIM, EPS = 14, 518, 64, 1e-6
+MEAN = np.array([0.485, 0.456, 0.406])
+STD = np.array([0.229, 0.224, 0.225])
+_WHAT = {1: ("depth_anything", "depth_anything_vitl14.pth (LiheYoung/Depth-Anything, checkpoints/)"),
+         2: ("depth_anything_v2", "depth_anything_v2_vitl.safetensors (MackinationsAi/Depth-Anything-V2_Safetensors)"
+                                  " or depth_anything_v2_vitl.pth (depth-anything/Depth-Anything-V2-Large)")}
+
+
+# ------------------------------------------------------------------------------------------ files
+def find_file(version: int, where: str | Path | Sequence[str | Path], *, what: str = "models") -> Path:
+    """The Depth Anything file of ``version`` (1 or 2): ``where`` is the file, a folder holding one, or a folder
+    with the extension's / Forge's / ComfyUI's layout under it; an ``InputError`` naming the places looked in."""
+    names = V1_FILES if version == 1 else V2_FILES
+    module, download = _WHAT[version]
+    if not isinstance(where, (str, Path)):
+        files = [Path(p) for p in where]
+        hits = [f for f in files if f.name in names] or [f for f in files if f.suffix in (".pth", ".safetensors")]
+        if len(hits) != 1:
+            raise InputError(f"{what}: {module} needs one {names[0]}; given {', '.join(map(str, files)) or 'none'}",
+                             where=what, fix=f"pass {download} or the folder holding it")
+        where = hits[0]
+    base = Path(where)
+    if base.is_file():
+        return base
+    if version == 1:
+        subs = ["extensions/sd-webui-controlnet/annotator/downloads/depth_anything", "annotator/downloads/depth_anything",
+                "ControlNetPreprocessor/depth_anything", "depth_anything",
+                "custom_nodes/comfyui_controlnet_aux/ckpts/LiheYoung/Depth-Anything/checkpoints",
+                "ckpts/LiheYoung/Depth-Anything/checkpoints", "LiheYoung/Depth-Anything/checkpoints"]
+    else:
+        subs = ["extensions/sd-webui-controlnet/annotator/downloads/depth_anything_v2",
+                "annotator/downloads/depth_anything_v2", "ControlNetPreprocessor/depth_anything_v2", "depth_anything_v2"]
+        for size in ("Large", "Base", "Small"):
+            subs += [f"custom_nodes/comfyui_controlnet_aux/ckpts/depth-anything/Depth-Anything-V2-{size}",
+                     f"ckpts/depth-anything/Depth-Anything-V2-{size}", f"depth-anything/Depth-Anything-V2-{size}"]
+    looked = [base] + [base / s for s in subs]
+    for folder in looked:
+        for name in names:
+            if (folder / name).is_file():
+                return folder / name
+    raise InputError(f"{what}: no {names[0]} in {base} (looked in {', '.join(str(p) for p in looked[:4])} and "
+                     f"{len(looked) - 4} more)", where=what,
+                     fix=f"download {download} into one of those folders, or pass the file")
+
+
+# ------------------------------------------------------------------------------------------ the file's layout
+@dataclass(frozen=True)
+class Config:
+    """What the file says: the ViT's width, blocks, MLP width and position grid; the head's widths."""
+
+    dim: int
+    depth: int
+    mlp: int
+    grid: int
+    features: int
+    out_channels: tuple[int, int, int, int]
+
+    @property
+    def heads(self) -> int:
+        return self.dim // HEAD_DIM
+
+
+def _strip(shapes: Mapping[str, tuple[int, ...]]) -> dict[str, str]:
+    """Bare names (``pretrained.`` / ``depth_head.`` onwards) -> the file's names (a ``module.`` prefix allowed)."""
+    out = {}
+    for n in shapes:
+        for root in ("pretrained.", "depth_head."):
+            i = n.find(root)
+            if i == 0 or (i > 0 and n[i - 1] == "."):
+                out[n[i:]] = n
+                break
+    return out
+
+
+def read_config(shapes: Mapping[str, tuple[int, ...]], where: str, version: int = 1) -> Config:
+    """The :class:`Config` of a file's tensor shapes; a ``ModelError`` for a file that is not Depth Anything."""
+    bare = {b: tuple(shapes[n]) for b, n in _strip(shapes).items()}
+    module, download = _WHAT[version]
+    need = ("pretrained.pos_embed", "pretrained.blocks.0.mlp.fc1.weight", "depth_head.scratch.layer1_rn.weight")
+    for n in need:
+        if n not in bare:
+            if "pretrained.blocks.0.mlp.w12.weight" in bare:
+                raise ModelError(f"{where} is a ViT-G Depth Anything file (SwiGLU blocks); sdrt runs the ViT-S/B/L "
+                                 "files", where=where, fix=f"pass {download}")
+            raise ModelError(f"{where} is not a Depth Anything file ({n} missing)", where=where,
+                             fix=f"pass {download}")
+    pos = bare["pretrained.pos_embed"]
+    depth = 0
+    while f"pretrained.blocks.{depth}.norm1.weight" in bare:
+        depth += 1
+    grid = int(round(math.sqrt(pos[1] - 1))) if len(pos) == 3 else 0
+    cfg = Config(dim=pos[-1], depth=depth, mlp=bare["pretrained.blocks.0.mlp.fc1.weight"][0], grid=grid,
+                 features=bare["depth_head.scratch.layer1_rn.weight"][0],
+                 out_channels=tuple(bare.get(f"depth_head.projects.{i}.weight", (0,))[0] for i in range(4)))
+    if len(pos) != 3 or grid * grid + 1 != pos[1] or cfg.dim % HEAD_DIM or depth < 4:
+        raise ModelError(f"{where}: pretrained.pos_embed is {pos} with {depth} blocks, not a DINOv2 ViT/14's",
+                         where=where, fix=f"pass {download}")
+    if version == 2 and depth not in V2_LAYERS:
+        raise ModelError(f"{where} has {depth} blocks; Depth Anything V2's files have 12, 24 or 40", where=where,
+                         fix=f"pass {download}")
+    want = expected_shapes(cfg)
+    missing = [n for n in want if n not in bare]
+    if missing:
+        raise ModelError(f"{where} is not a Depth Anything file ({len(missing)} of its {len(want)} tensors missing, "
+                         f"e.g. {missing[0]})", where=where, fix=f"pass {download}")
+    for n, shape in want.items():
+        if bare[n] != shape:
+            raise ModelError(f"{where}: {n} is {bare[n]}, not {shape} as the rest of the file says", where=where,
+                             fix=f"pass an unchanged {download}")
+    extra = [n for n in bare if n not in want]
+    if extra:
+        raise ModelError(f"{where} has tensors Depth Anything's network does not have (e.g. {extra[0]})",
+                         where=where, fix=f"pass {download}")
+    return cfg
+
+
+def expected_shapes(cfg: Config) -> dict[str, tuple[int, ...]]:
+    """Every tensor of a Depth Anything file of ``cfg`` and its shape (the original repos' state-dict names)."""
+    d, f, oc = cfg.dim, cfg.features, cfg.out_channels
+    out: dict[str, tuple[int, ...]] = {
+        "pretrained.cls_token": (1, 1, d), "pretrained.pos_embed": (1, cfg.grid * cfg.grid + 1, d),
+        "pretrained.mask_token": (1, d), "pretrained.patch_embed.proj.weight": (d, 3, PATCH, PATCH),
+        "pretrained.patch_embed.proj.bias": (d,), "pretrained.norm.weight": (d,), "pretrained.norm.bias": (d,)}
+    for i in range(cfg.depth):
+        b = f"pretrained.blocks.{i}."
+        out.update({b + "norm1.weight": (d,), b + "norm1.bias": (d,), b + "attn.qkv.weight": (3 * d, d),
+                    b + "attn.qkv.bias": (3 * d,), b + "attn.proj.weight": (d, d), b + "attn.proj.bias": (d,),
+                    b + "ls1.gamma": (d,), b + "norm2.weight": (d,), b + "norm2.bias": (d,),
+                    b + "mlp.fc1.weight": (cfg.mlp, d), b + "mlp.fc1.bias": (cfg.mlp,),
+                    b + "mlp.fc2.weight": (d, cfg.mlp), b + "mlp.fc2.bias": (d,), b + "ls2.gamma": (d,)})
+    h = "depth_head."
+    for i, c in enumerate(oc):
+        out[f"{h}projects.{i}.weight"] = (c, d, 1, 1)
+        out[f"{h}projects.{i}.bias"] = (c,)
+        out[f"{h}scratch.layer{i + 1}_rn.weight"] = (f, c, 3, 3)
+    for i, k in ((0, 4), (1, 2)):
+        out[f"{h}resize_layers.{i}.weight"] = (oc[i], oc[i], k, k)
+        out[f"{h}resize_layers.{i}.bias"] = (oc[i],)
+    out[f"{h}resize_layers.3.weight"] = (oc[3], oc[3], 3, 3)
+    out[f"{h}resize_layers.3.bias"] = (oc[3],)
+    for r in range(1, 5):
+        p = f"{h}scratch.refinenet{r}."
+        out[p + "out_conv.weight"] = (f, f, 1, 1)
+        out[p + "out_conv.bias"] = (f,)
+        for u in (1, 2):
+            for c in (1, 2):
+                out[f"{p}resConfUnit{u}.conv{c}.weight"] = (f, f, 3, 3)
+                out[f"{p}resConfUnit{u}.conv{c}.bias"] = (f,)
+    out.update({f"{h}scratch.output_conv1.weight": (f // 2, f, 3, 3), f"{h}scratch.output_conv1.bias": (f // 2,),
+                f"{h}scratch.output_conv2.0.weight": (32, f // 2, 3, 3), f"{h}scratch.output_conv2.0.bias": (32,),
+                f"{h}scratch.output_conv2.2.weight": (1, 32, 1, 1), f"{h}scratch.output_conv2.2.bias": (1,)})
+    return out
+
+
+def layers(version: int, depth: int) -> tuple[int, ...]:
+    """The blocks whose outputs feed the head: V1's last four, V2's ``intermediate_layer_idx``."""
+    return tuple(range(depth - 4, depth)) if version == 1 else V2_LAYERS[depth]
+
+
+# ------------------------------------------------------------------------------------------ position embeddings
+def _torch_cubic(t: np.ndarray) -> np.ndarray:
+    """torch's cubic convolution weights (A = -0.75) for the fractions ``t``: (n, 4)."""
+    a = -0.75
+    x1, x2 = t + 1, 1 - t
+
+    def near(x: np.ndarray) -> np.ndarray:
+        return ((a + 2) * x - (a + 3)) * x * x + 1
+
+    def far(x: np.ndarray) -> np.ndarray:
+        return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a
+
+    return np.stack([far(x1), near(t), near(x2), far(2 - t)], axis=1)
+
+
+def _bicubic_axis(src: int, dst: int, inv_scale: float) -> np.ndarray:
+    """(dst, src) matrix of torch's bicubic (``align_corners=False``, edges clamped) at source step ``inv_scale``."""
+    real = (np.arange(dst) + 0.5) * inv_scale - 0.5
+    i0 = np.floor(real).astype(int)
+    w = _torch_cubic(real - i0)
+    m = np.zeros((dst, src))
+    for k in range(4):
+        np.add.at(m, (np.arange(dst), np.clip(i0 + k - 1, 0, src - 1)), w[:, k])
+    return m
+
+
+def pos_embed(pos: np.ndarray, gh: int, gw: int, offset: float = 0.1) -> np.ndarray:
+    """DINOv2's ``interpolate_pos_encoding``: the (1, 1 + M*M, D) position embeddings for a ``gh`` x ``gw`` patch
+    grid, the patch part resized by torch's bicubic at scale factor ``(g + offset) / M`` (offset 0: the output size,
+    as DINOv2 with registers and transformers do); unchanged for an M x M grid."""
+    pos = np.asarray(pos, np.float32)
+    m = int(round(math.sqrt(pos.shape[1] - 1)))
+    if (gh, gw) == (m, m):
+        return pos
+    grid = pos[0, 1:].reshape(m, m, -1).astype(np.float64)
+    if offset:
+        ry, rx = _bicubic_axis(m, gh, 1.0 / ((gh + offset) / m)), _bicubic_axis(m, gw, 1.0 / ((gw + offset) / m))
+    else:
+        ry, rx = _bicubic_axis(m, gh, m / gh), _bicubic_axis(m, gw, m / gw)
+    out = np.einsum("hm,mnd,wn->hwd", ry, grid, rx).astype(np.float32)
+    return np.concatenate([pos[:, :1], out.reshape(1, gh * gw, -1)], axis=1)
+
+
+# ------------------------------------------------------------------------------------------ the network
+class _Builder:
+    def __init__(self) -> None:
+        self.nodes: list[Any] = []
+        self.inits: list[Any] = []
+        self.count = 0
+
+    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
+        from onnx import helper
+
+        self.count += 1
+        out = out or f"{op.lower()}_{self.count}"
+        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{op.lower()}_{self.count}", **attrs))
+        return out
+
+    def const(self, name: str, a: np.ndarray) -> str:
+        from onnx import numpy_helper
+
+        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(a), name))
+        return name
+
+
+def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, blocks: Sequence[int], height: int, width: int,
+                offset: float = 0.1) -> Any:
+    """The ``onnx.ModelProto`` for one ``(1, 3, height, width)`` input ``image`` (sides multiples of 14) ->
+    ``depth`` (1, 1, height, width): the ViT, its ``blocks`` through the final norm into the DPT head.
+    ``arrays`` by the bare names (``pretrained.*``, ``depth_head.*``)."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    f32 = np.float32
+    b = _Builder()
+    gh, gw = height // PATCH, width // PATCH
+    n, d, heads = gh * gw, cfg.dim, cfg.heads
+
+    def w(name: str) -> np.ndarray:
+        return np.asarray(arrays[name], f32)
+
+    def conv(x: str, name: str, k: int, stride: int = 1, pad: int = 0, bias: bool = True) -> str:
+        ins = [x, b.const(name + ".weight", w(name + ".weight"))]
+        if bias:
+            ins.append(b.const(name + ".bias", w(name + ".bias")))
+        return b.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
+
+    def shape(name: str, s: Sequence[int]) -> str:
+        return b.const(name, np.array(s, np.int64))
+
+    def linear(x: str, name: str, wt: np.ndarray, bias: np.ndarray) -> str:
+        y = b.node("MatMul", [x, b.const(name + ".wT", np.ascontiguousarray(wt.T))])
+        return b.node("Add", [y, b.const(name + ".b", bias)])
+
+    def norm(x: str, name: str) -> str:
+        return b.node("LayerNormalization", [x, b.const(name + ".w", w(name + ".weight")),
+                                             b.const(name + ".b", w(name + ".bias"))], axis=-1, epsilon=EPS)
+
+    # patches, class token, position embeddings
+    x = conv("image", "pretrained.patch_embed.proj", PATCH, PATCH)
+    x = b.node("Transpose", [b.node("Reshape", [x, shape("tok_shape", [1, d, n])])], perm=[0, 2, 1])
+    pos = pos_embed(w("pretrained.pos_embed"), gh, gw, offset)
+    cls = w("pretrained.cls_token") + pos[:, :1]
+    x = b.node("Add", [x, b.const("patch_pos", np.ascontiguousarray(pos[:, 1:]))])
+    x = b.node("Concat", [b.const("cls_pos", cls), x], axis=1)
+    # the head layout: (1, N+1, D) -> (1, heads, N+1, 64)
+    split = shape("head_split", [1, n + 1, heads, HEAD_DIM])
+    merge = shape("head_merge", [1, n + 1, d])
+    scale = f32(HEAD_DIM ** -0.5)
+    feats: list[str] = []
+    last = max(blocks)
+    for i in range(last + 1):
+        p = f"pretrained.blocks.{i}."
+        qkv_w, qkv_b = w(p + "attn.qkv.weight"), w(p + "attn.qkv.bias")
+        h = norm(x, p + "norm1")
+        q = linear(h, p + "q", qkv_w[:d] * scale, qkv_b[:d] * scale)
+        k = linear(h, p + "k", qkv_w[d:2 * d], qkv_b[d:2 * d])
+        v = linear(h, p + "v", qkv_w[2 * d:], qkv_b[2 * d:])
+        q = b.node("Transpose", [b.node("Reshape", [q, split])], perm=[0, 2, 1, 3])
+        k = b.node("Transpose", [b.node("Reshape", [k, split])], perm=[0, 2, 3, 1])
+        v = b.node("Transpose", [b.node("Reshape", [v, split])], perm=[0, 2, 1, 3])
+        att = b.node("Softmax", [b.node("MatMul", [q, k])], axis=-1)
+        o = b.node("Transpose", [b.node("MatMul", [att, v])], perm=[0, 2, 1, 3])
+        o = linear(b.node("Reshape", [o, merge]), p + "proj", w(p + "attn.proj.weight"), w(p + "attn.proj.bias"))
+        x = b.node("Add", [x, b.node("Mul", [o, b.const(p + "ls1", w(p + "ls1.gamma"))])])
+        h = linear(norm(x, p + "norm2"), p + "fc1", w(p + "mlp.fc1.weight"), w(p + "mlp.fc1.bias"))
+        erf = b.node("Erf", [b.node("Div", [h, b.const(p + "sqrt2", np.array(math.sqrt(2.0), f32))])])
+        one_plus = b.node("Add", [erf, b.const(p + "one", np.array(1.0, f32))])
+        h = b.node("Mul", [b.node("Mul", [h, one_plus]), b.const(p + "half", np.array(0.5, f32))])
+        h = linear(h, p + "fc2", w(p + "mlp.fc2.weight"), w(p + "mlp.fc2.bias"))
+        x = b.node("Add", [x, b.node("Mul", [h, b.const(p + "ls2", w(p + "ls2.gamma"))])])
+        if i in blocks:
+            feats.append(x)
+    # the head: each fed block's tokens (final norm, class token dropped) as a (1, D, gh, gw) map
+    starts, ends, axes = shape("tok_start", [1]), shape("tok_end", [n + 1]), shape("tok_axis", [1])
+    grid_shape = shape("grid_shape", [1, d, gh, gw])
+    final = [b.const("pretrained.norm.w", w("pretrained.norm.weight")),
+             b.const("pretrained.norm.b", w("pretrained.norm.bias"))]
+    maps = []
+    for j, t in enumerate(feats):
+        t = b.node("LayerNormalization", [t, *final], axis=-1, epsilon=EPS)
+        t = b.node("Slice", [t, starts, ends, axes])
+        t = b.node("Reshape", [b.node("Transpose", [t], perm=[0, 2, 1]), grid_shape])
+        t = conv(t, f"depth_head.projects.{j}", 1)
+        if j in (0, 1):
+            kk = 4 if j == 0 else 2
+            t = b.node("ConvTranspose", [t, b.const(f"depth_head.resize_layers.{j}.weight",
+                                                    w(f"depth_head.resize_layers.{j}.weight")),
+                                         b.const(f"depth_head.resize_layers.{j}.bias",
+                                                 w(f"depth_head.resize_layers.{j}.bias"))],
+                       kernel_shape=[kk, kk], strides=[kk, kk])
+        elif j == 3:
+            t = conv(t, "depth_head.resize_layers.3", 3, 2, 1)
+        maps.append(conv(t, f"depth_head.scratch.layer{j + 1}_rn", 3, 1, 1, bias=False))
+    sizes = [(4 * gh, 4 * gw), (2 * gh, 2 * gw), (gh, gw), ((gh + 1) // 2, (gw + 1) // 2)]
+
+    def unit(t: str, name: str) -> str:
+        y = conv(b.node("Relu", [t]), name + ".conv1", 3, 1, 1)
+        y = conv(b.node("Relu", [y]), name + ".conv2", 3, 1, 1)
+        return b.node("Add", [y, t])
+
+    def resize(t: str, channels: int, hw: tuple[int, int], name: str) -> str:
+        return b.node("Resize", [t, "", "", shape(name, [1, channels, *hw])], mode="linear",
+                      coordinate_transformation_mode="align_corners")
+
+    path = None
+    for r in (4, 3, 2, 1):
+        p = f"depth_head.scratch.refinenet{r}"
+        t = maps[r - 1] if path is None else b.node("Add", [path, unit(maps[r - 1], p + ".resConfUnit1")])
+        t = unit(t, p + ".resConfUnit2")
+        hw = sizes[r - 2] if r > 1 else (2 * sizes[0][0], 2 * sizes[0][1])
+        path = conv(resize(t, cfg.features, hw, f"size_{r}"), p + ".out_conv", 1)
+    assert path is not None
+    y = conv(path, "depth_head.scratch.output_conv1", 3, 1, 1)
+    y = resize(y, cfg.features // 2, (gh * PATCH, gw * PATCH), "out_size")
+    y = b.node("Relu", [conv(y, "depth_head.scratch.output_conv2.0", 3, 1, 1)])
+    conv_out = conv(y, "depth_head.scratch.output_conv2.2", 1)
+    b.node("Relu", [conv_out], "depth")
+    graph = helper.make_graph(
+        b.nodes, "sdrt_depth_anything",
+        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
+        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, 1, height, width])], b.inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-depth-anything",
+                              ir_version=8)
+    if sum(a.size for a in arrays.values()) < 50_000_000:  # the checker copies the whole model
+        onnx.checker.check_model(model)
+    return model
+
+
+# ------------------------------------------------------------------------------------------ around the network
+def input_size(height: int, width: int, size: int = SIZE) -> tuple[int, int]:
+    """The extension's ``Resize(size, size, keep_aspect_ratio=True, ensure_multiple_of=14, resize_method=
+    "lower_bound")``: ``(height, width)`` of the network's input."""
+    sh, sw = size / height, size / width
+    s = sw if sw > sh else sh
+
+    def fit(x: float) -> int:
+        y = int(np.round(x / PATCH) * PATCH)
+        return int(np.ceil(x / PATCH) * PATCH) if y < size else y
+
+    return fit(s * height), fit(s * width)
+
+
+def _cv_cubic_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    """OpenCV's INTER_CUBIC taps: positions ``(d + 0.5) * scale - 0.5`` in doubles cast to float32, weights
+    (A = -0.75) in float32 as its ``interpolateCubic``, indices clamped at the edges."""
+    scale = 1.0 / (dst / src)
+    fx = ((np.arange(dst) + 0.5) * scale - 0.5).astype(np.float32)
+    sx = np.floor(fx).astype(np.int64)
+    x = (fx - sx.astype(np.float32)).astype(np.float32)
+    a = np.float32(-0.75)
+    x1 = x + np.float32(1)
+    c0 = ((a * x1 - np.float32(5) * a) * x1 + np.float32(8) * a) * x1 - np.float32(4) * a
+    c1 = ((a + np.float32(2)) * x - (a + np.float32(3))) * x * x + np.float32(1)
+    y = np.float32(1) - x
+    c2 = ((a + np.float32(2)) * y - (a + np.float32(3))) * y * y + np.float32(1)
+    c3 = np.float32(1) - c0 - c1 - c2
+    idx = np.clip(sx[:, None] + np.arange(-1, 3)[None, :], 0, src - 1)
+    return idx, np.stack([c0, c1, c2, c3], axis=1).astype(np.float64)
+
+
+def cubic(a: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``cv2.resize(a, (width, height), interpolation=cv2.INTER_CUBIC)`` of a float64 HxWxC image: each row
+    (left to right sums of four taps), then the columns, in doubles."""
+    a = np.asarray(a, np.float64)
+    h, w = a.shape[:2]
+    ix, wx = _cv_cubic_axis(w, width)
+    iy, wy = _cv_cubic_axis(h, height)
+    rows = a[:, ix[:, 0]] * wx[:, 0, None]
+    for k in range(1, 4):
+        rows = rows + a[:, ix[:, k]] * wx[:, k, None]
+    out = rows[iy[:, 0]] * wy[:, 0, None, None]
+    for k in range(1, 4):
+        out = out + rows[iy[:, k]] * wy[:, k, None, None]
+    return out
+
+
+def prepare(rgb: np.ndarray, size: int = SIZE) -> np.ndarray:
+    """The network's ``(1, 3, h, w)`` float32 input of an RGB uint8 image, as the extension makes it."""
+    img = np.ascontiguousarray(rgb[:, :, ::-1]) / 255.0  # cvtColor(BGR2RGB) of the extension's RGB image
+    nh, nw = input_size(rgb.shape[0], rgb.shape[1], size)
+    img = cubic(img, nw, nh) if (nh, nw) != rgb.shape[:2] else img
+    img = (img - MEAN) / STD
+    return np.ascontiguousarray(img.transpose(2, 0, 1)).astype(np.float32)[None]
+
+
+def _bilinear_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    f32 = np.float32
+    scale = f32(src) / f32(dst)
+    real = np.maximum(scale * (np.arange(dst, dtype=f32) + f32(0.5)) - f32(0.5), f32(0))
+    i0 = real.astype(np.int64)
+    l1 = (real - i0.astype(f32)).astype(f32)
+    i1 = np.minimum(i0 + 1, src - 1)
+    return i0, i1, (f32(1) - l1).astype(f32), l1
+
+
+def bilinear(a: np.ndarray, height: int, width: int) -> np.ndarray:
+    """``F.interpolate(a[None, None], (height, width), mode="bilinear", align_corners=False)`` of a float32 2-D
+    map, in float32: ``h0 * (w0 * a + w1 * b) + h1 * (w0 * c + w1 * d)``."""
+    a = np.asarray(a, np.float32)
+    y0, y1, h0, h1 = _bilinear_axis(a.shape[0], height)
+    x0, x1, w0, w1 = _bilinear_axis(a.shape[1], width)
+    top = a[y0][:, x0] * w0 + a[y0][:, x1] * w1
+    bot = a[y1][:, x0] * w0 + a[y1][:, x1] * w1
+    return (top * h0[:, None] + bot * h1[:, None]).astype(np.float32)
+
+
+def depth_map(depth: np.ndarray) -> np.ndarray:
+    """The extension's ``(d - min) / (max - min) * 255`` truncated to uint8 (float32 arithmetic); a flat
+    prediction (where the extension divides 0 by 0) is black."""
+    d = np.asarray(depth, np.float32)
+    lo, hi = d.min(), d.max()
+    if not hi > lo:
+        return np.zeros(d.shape, np.uint8)
+    return ((d - lo) / (hi - lo) * np.float32(255.0)).astype(np.uint8)
+
+
+# ------------------------------------------------------------------------------------------ the detector
+class DepthAnything:
+    """A Depth Anything file (``version`` 1: ``depth_anything``, 2: ``depth_anything_v2``) compiled on one backend
+    per input size; ``map(rgb)`` -> the extension's HxW uint8 depth map of an RGB uint8 image. ``size`` is the
+    lower bound the image is resized to (518 as the extension; smaller sizes for quick checks)."""
+
+    def __init__(self, path: str | Path, version: int = 1, *, backend: str = "auto", device: Any = None,
+                 size: int = SIZE, offset: float = 0.1) -> None:
+        from ..weights import Weights
+
+        if version not in (1, 2):
+            raise InputError(f"Depth Anything version {version!r}", where="version", fix="pass 1 or 2")
+        self.path, self.version = Path(path), version
+        where = str(self.path)
+        try:
+            self.weights = Weights.open(self.path)
+        except InputError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
+            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({type(exc).__name__}: "
+                             f"{exc})", where=where, fix=f"pass {_WHAT[version][1]}") from None
+        shapes = self.weights.shapes()
+        self.config = read_config(shapes, where, version)
+        self._names = _strip(shapes)
+        self.blocks = layers(version, self.config.depth)
+        self.backend, self.device, self.size, self.offset = backend, device, int(size), offset
+        self._sessions: dict[tuple[int, int], Any] = {}
+        self.files = (self.path,)
+
+    def _session(self, h: int, w: int) -> Any:
+        sess = self._sessions.get((h, w))
+        if sess is None:
+            from ..runtime import load
+
+            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
+            graph = build_graph(arrays, self.config, self.blocks, h, w, self.offset)
+            del arrays
+            sess = self._sessions[(h, w)] = load(graph, backend=self.backend, device=self.device)
+        return sess
+
+    def close(self) -> None:
+        for s in self._sessions.values():
+            s.close()
+        self._sessions.clear()
+
+    def __enter__(self) -> DepthAnything:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def predict(self, rgb: np.ndarray) -> np.ndarray:
+        """The network's ``(h, w)`` float32 relative depth (inverse depth: near is large) at its input size."""
+        x = prepare(rgb, self.size)
+        return self._session(x.shape[2], x.shape[3]).run({"image": x})["depth"][0, 0]
+
+    def depth(self, rgb: np.ndarray) -> np.ndarray:
+        """The prediction resized to the image (float32, HxW)."""
+        return bilinear(self.predict(rgb), rgb.shape[0], rgb.shape[1])
+
+    def map(self, rgb: np.ndarray) -> np.ndarray:
+        """The extension's HxW uint8 depth map (``colored=False``)."""
+        return depth_map(self.depth(rgb))
