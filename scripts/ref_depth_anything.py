@@ -12,7 +12,7 @@ position embeddings with ``F.interpolate(scale_factor=(g + 0.1) / 37, mode="bicu
 output size instead (no 0.1 offset). The extension's references patch transformers' ``interpolate_pos_encoding``
 to DINOv2's arguments (the same torch call); one more reference keeps transformers' own.
 
-Writes tests/data/depthanything/refs.npz.
+Writes tests/data/depthanything/refs.npz (``--no-full``: all but the ViT-L run, whose references it keeps).
 """
 
 from __future__ import annotations
@@ -194,6 +194,7 @@ def main() -> None:
         _, out["tiny_v2_pred"], out["tiny_v2_map"], _ = extension(v2, image, SMALL)
         # the preprocessor at processor resolution 96 (resize_image_with_pad), the extension's 518
         padded, (th, tw) = resize_image_with_pad(image, 96)
+        out["res96_input"] = padded
         _, _, m, _ = extension(v1, padded, 518)
         out["res96_v1_map"] = m[:th, :tw]
         _, _, m, _ = extension(v2, padded, 518)
@@ -231,6 +232,9 @@ def main() -> None:
         out[name] = g.permute(0, 2, 3, 1).reshape(1, 120, 8).numpy()
     dest = ROOT / "tests" / "data" / "depthanything" / "refs.npz"
     dest.parent.mkdir(parents=True, exist_ok=True)
+    if "--no-full" in sys.argv and dest.is_file():  # keep the full-size run's references
+        old = np.load(dest)
+        out.update({k: old[k] for k in old.files if k.startswith("full_")})
     np.savez_compressed(dest, **out)
     print("wrote", dest, dest.stat().st_size, "bytes")
 

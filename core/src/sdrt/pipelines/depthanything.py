@@ -34,58 +34,22 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError, ModelError
+from .netgraph import AnnotatorNet
 
-__all__ = ["Config", "DepthAnything", "V1_FILES", "V2_FILES", "bilinear", "build_graph", "cubic", "depth_map",
-           "expected_shapes", "find_file", "input_size", "pos_embed", "prepare", "read_config"]
+__all__ = ["Config", "DepthAnything", "bilinear", "build_graph", "cubic", "depth_map", "expected_shapes", "input_size",
+           "pos_embed", "prepare", "read_config"]
 
-V1_FILES = ("depth_anything_vitl14.pth", "depth_anything_vitb14.pth", "depth_anything_vits14.pth")
-V2_FILES = ("depth_anything_v2_vitl.safetensors", "depth_anything_v2_vitl.pth", "depth_anything_v2_vitb.pth",
-            "depth_anything_v2_vits.pth", "depth_anything_v2_vitb.safetensors", "depth_anything_v2_vits.safetensors")
 #: Depth-Anything-V2's ``intermediate_layer_idx`` by the number of blocks
 V2_LAYERS = {12: (2, 5, 8, 11), 24: (4, 11, 17, 23), 40: (9, 19, 29, 39)}
 PATCH, SIZE, HEAD_DIM, EPS = 14, 518, 64, 1e-6
+#: the most patches an image may make: a 4:1 image at 518 on its shorter side (the attention's memory grows with
+#: the square of it: 16 heads of 5476^2 float32 scores are 1.9 GB for ViT-L)
+MAX_PATCHES = 4 * 37 * 37
 MEAN = np.array([0.485, 0.456, 0.406])
 STD = np.array([0.229, 0.224, 0.225])
 _WHAT = {1: ("depth_anything", "depth_anything_vitl14.pth (LiheYoung/Depth-Anything, checkpoints/)"),
          2: ("depth_anything_v2", "depth_anything_v2_vitl.safetensors (MackinationsAi/Depth-Anything-V2_Safetensors)"
                                   " or depth_anything_v2_vitl.pth (depth-anything/Depth-Anything-V2-Large)")}
-
-
-# ------------------------------------------------------------------------------------------ files
-def find_file(version: int, where: str | Path | Sequence[str | Path], *, what: str = "models") -> Path:
-    """The Depth Anything file of ``version`` (1 or 2): ``where`` is the file, a folder holding one, or a folder
-    with the extension's / Forge's / ComfyUI's layout under it; an ``InputError`` naming the places looked in."""
-    names = V1_FILES if version == 1 else V2_FILES
-    module, download = _WHAT[version]
-    if not isinstance(where, (str, Path)):
-        files = [Path(p) for p in where]
-        hits = [f for f in files if f.name in names] or [f for f in files if f.suffix in (".pth", ".safetensors")]
-        if len(hits) != 1:
-            raise InputError(f"{what}: {module} needs one {names[0]}; given {', '.join(map(str, files)) or 'none'}",
-                             where=what, fix=f"pass {download} or the folder holding it")
-        where = hits[0]
-    base = Path(where)
-    if base.is_file():
-        return base
-    if version == 1:
-        subs = ["extensions/sd-webui-controlnet/annotator/downloads/depth_anything", "annotator/downloads/depth_anything",
-                "ControlNetPreprocessor/depth_anything", "depth_anything",
-                "custom_nodes/comfyui_controlnet_aux/ckpts/LiheYoung/Depth-Anything/checkpoints",
-                "ckpts/LiheYoung/Depth-Anything/checkpoints", "LiheYoung/Depth-Anything/checkpoints"]
-    else:
-        subs = ["extensions/sd-webui-controlnet/annotator/downloads/depth_anything_v2",
-                "annotator/downloads/depth_anything_v2", "ControlNetPreprocessor/depth_anything_v2", "depth_anything_v2"]
-        for size in ("Large", "Base", "Small"):
-            subs += [f"custom_nodes/comfyui_controlnet_aux/ckpts/depth-anything/Depth-Anything-V2-{size}",
-                     f"ckpts/depth-anything/Depth-Anything-V2-{size}", f"depth-anything/Depth-Anything-V2-{size}"]
-    looked = [base] + [base / s for s in subs]
-    for folder in looked:
-        for name in names:
-            if (folder / name).is_file():
-                return folder / name
-    raise InputError(f"{what}: no {names[0]} in {base} (looked in {', '.join(str(p) for p in looked[:4])} and "
-                     f"{len(looked) - 4} more)", where=what,
-                     fix=f"download {download} into one of those folders, or pass the file")
 
 
 # ------------------------------------------------------------------------------------------ the file's layout
@@ -246,149 +210,81 @@ def pos_embed(pos: np.ndarray, gh: int, gw: int, offset: float = 0.1) -> np.ndar
 
 
 # ------------------------------------------------------------------------------------------ the network
-class _Builder:
-    def __init__(self) -> None:
-        self.nodes: list[Any] = []
-        self.inits: list[Any] = []
-        self.count = 0
-
-    def node(self, op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        from onnx import helper
-
-        self.count += 1
-        out = out or f"{op.lower()}_{self.count}"
-        self.nodes.append(helper.make_node(op, inputs, [out], name=f"{op.lower()}_{self.count}", **attrs))
-        return out
-
-    def const(self, name: str, a: np.ndarray) -> str:
-        from onnx import numpy_helper
-
-        self.inits.append(numpy_helper.from_array(np.ascontiguousarray(a), name))
-        return name
-
-
 def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, blocks: Sequence[int], height: int, width: int,
                 offset: float = 0.1) -> Any:
     """The ``onnx.ModelProto`` for one ``(1, 3, height, width)`` input ``image`` (sides multiples of 14) ->
     ``depth`` (1, 1, height, width): the ViT, its ``blocks`` through the final norm into the DPT head.
     ``arrays`` by the bare names (``pretrained.*``, ``depth_head.*``)."""
-    import onnx
-    from onnx import TensorProto, helper
+    from .netgraph import Net
 
     f32 = np.float32
-    b = _Builder()
     gh, gw = height // PATCH, width // PATCH
     n, d, heads = gh * gw, cfg.dim, cfg.heads
-
-    def w(name: str) -> np.ndarray:
-        return np.asarray(arrays[name], f32)
-
-    def conv(x: str, name: str, k: int, stride: int = 1, pad: int = 0, bias: bool = True) -> str:
-        ins = [x, b.const(name + ".weight", w(name + ".weight"))]
-        if bias:
-            ins.append(b.const(name + ".bias", w(name + ".bias")))
-        return b.node("Conv", ins, kernel_shape=[k, k], strides=[stride, stride], pads=[pad] * 4)
-
-    def shape(name: str, s: Sequence[int]) -> str:
-        return b.const(name, np.array(s, np.int64))
-
-    def linear(x: str, name: str, wt: np.ndarray, bias: np.ndarray) -> str:
-        y = b.node("MatMul", [x, b.const(name + ".wT", np.ascontiguousarray(wt.T))])
-        return b.node("Add", [y, b.const(name + ".b", bias)])
-
-    def norm(x: str, name: str) -> str:
-        return b.node("LayerNormalization", [x, b.const(name + ".w", w(name + ".weight")),
-                                             b.const(name + ".b", w(name + ".bias"))], axis=-1, epsilon=EPS)
-
+    own = dict(arrays)
+    pos = pos_embed(own["pretrained.pos_embed"], gh, gw, offset)
+    scale = f32(HEAD_DIM ** -0.5)  # a power of two for 64-wide heads: folded into q's weights exactly
+    for i in range(max(blocks) + 1):
+        p = f"pretrained.blocks.{i}.attn."
+        qkv_w, qkv_b = np.asarray(own[p + "qkv.weight"], f32), np.asarray(own[p + "qkv.bias"], f32)
+        for j, part in enumerate("qkv"):
+            own[f"{p}{part}.weight"] = qkv_w[j * d:(j + 1) * d] * (scale if part == "q" else f32(1))
+            own[f"{p}{part}.bias"] = qkv_b[j * d:(j + 1) * d] * (scale if part == "q" else f32(1))
+    net = Net(own)
     # patches, class token, position embeddings
-    x = conv("image", "pretrained.patch_embed.proj", PATCH, PATCH)
-    x = b.node("Transpose", [b.node("Reshape", [x, shape("tok_shape", [1, d, n])])], perm=[0, 2, 1])
-    pos = pos_embed(w("pretrained.pos_embed"), gh, gw, offset)
-    cls = w("pretrained.cls_token") + pos[:, :1]
-    x = b.node("Add", [x, b.const("patch_pos", np.ascontiguousarray(pos[:, 1:]))])
-    x = b.node("Concat", [b.const("cls_pos", cls), x], axis=1)
-    # the head layout: (1, N+1, D) -> (1, heads, N+1, 64)
-    split = shape("head_split", [1, n + 1, heads, HEAD_DIM])
-    merge = shape("head_merge", [1, n + 1, d])
-    scale = f32(HEAD_DIM ** -0.5)
+    x = net.conv("image", "pretrained.patch_embed.proj", stride=PATCH, pad=0)
+    x = net.node("Transpose", [net.node("Reshape", [x, net.ints(1, d, n)])], perm=[0, 2, 1])
+    x = net.add(x, net.const("patch_pos", pos[:, 1:]))
+    x = net.concat([net.const("cls_pos", np.asarray(own["pretrained.cls_token"], f32) + pos[:, :1]), x], axis=1)
+    split, merge = net.ints(1, n + 1, heads, HEAD_DIM), net.ints(1, n + 1, d)
     feats: list[str] = []
-    last = max(blocks)
-    for i in range(last + 1):
+    for i in range(max(blocks) + 1):
         p = f"pretrained.blocks.{i}."
-        qkv_w, qkv_b = w(p + "attn.qkv.weight"), w(p + "attn.qkv.bias")
-        h = norm(x, p + "norm1")
-        q = linear(h, p + "q", qkv_w[:d] * scale, qkv_b[:d] * scale)
-        k = linear(h, p + "k", qkv_w[d:2 * d], qkv_b[d:2 * d])
-        v = linear(h, p + "v", qkv_w[2 * d:], qkv_b[2 * d:])
-        q = b.node("Transpose", [b.node("Reshape", [q, split])], perm=[0, 2, 1, 3])
-        k = b.node("Transpose", [b.node("Reshape", [k, split])], perm=[0, 2, 3, 1])
-        v = b.node("Transpose", [b.node("Reshape", [v, split])], perm=[0, 2, 1, 3])
-        att = b.node("Softmax", [b.node("MatMul", [q, k])], axis=-1)
-        o = b.node("Transpose", [b.node("MatMul", [att, v])], perm=[0, 2, 1, 3])
-        o = linear(b.node("Reshape", [o, merge]), p + "proj", w(p + "attn.proj.weight"), w(p + "attn.proj.bias"))
-        x = b.node("Add", [x, b.node("Mul", [o, b.const(p + "ls1", w(p + "ls1.gamma"))])])
-        h = linear(norm(x, p + "norm2"), p + "fc1", w(p + "mlp.fc1.weight"), w(p + "mlp.fc1.bias"))
-        erf = b.node("Erf", [b.node("Div", [h, b.const(p + "sqrt2", np.array(math.sqrt(2.0), f32))])])
-        one_plus = b.node("Add", [erf, b.const(p + "one", np.array(1.0, f32))])
-        h = b.node("Mul", [b.node("Mul", [h, one_plus]), b.const(p + "half", np.array(0.5, f32))])
-        h = linear(h, p + "fc2", w(p + "mlp.fc2.weight"), w(p + "mlp.fc2.bias"))
-        x = b.node("Add", [x, b.node("Mul", [h, b.const(p + "ls2", w(p + "ls2.gamma"))])])
+        h = net.layer_norm(x, p + "norm1", EPS)
+        q, k, v = (net.node("Reshape", [net.linear(h, p + "attn." + part), split]) for part in "qkv")
+        q = net.node("Transpose", [q], perm=[0, 2, 1, 3])
+        k = net.node("Transpose", [k], perm=[0, 2, 3, 1])
+        v = net.node("Transpose", [v], perm=[0, 2, 1, 3])
+        att = net.node("Softmax", [net.node("MatMul", [q, k])], axis=-1)
+        o = net.node("Transpose", [net.node("MatMul", [att, v])], perm=[0, 2, 1, 3])
+        o = net.linear(net.node("Reshape", [o, merge]), p + "attn.proj")
+        x = net.add(x, net.mul(o, net.weight(p + "ls1.gamma")))
+        h = net.linear(net.layer_norm(x, p + "norm2", EPS), p + "mlp.fc1")
+        erf = net.node("Erf", [net.node("Div", [h, net.scalar(math.sqrt(2.0))])])
+        h = net.mul(net.mul(h, net.add(erf, net.scalar(1.0))), net.scalar(0.5))  # GELU (erf), as torch's
+        h = net.linear(h, p + "mlp.fc2")
+        x = net.add(x, net.mul(h, net.weight(p + "ls2.gamma")))
         if i in blocks:
             feats.append(x)
     # the head: each fed block's tokens (final norm, class token dropped) as a (1, D, gh, gw) map
-    starts, ends, axes = shape("tok_start", [1]), shape("tok_end", [n + 1]), shape("tok_axis", [1])
-    grid_shape = shape("grid_shape", [1, d, gh, gw])
-    final = [b.const("pretrained.norm.w", w("pretrained.norm.weight")),
-             b.const("pretrained.norm.b", w("pretrained.norm.bias"))]
     maps = []
     for j, t in enumerate(feats):
-        t = b.node("LayerNormalization", [t, *final], axis=-1, epsilon=EPS)
-        t = b.node("Slice", [t, starts, ends, axes])
-        t = b.node("Reshape", [b.node("Transpose", [t], perm=[0, 2, 1]), grid_shape])
-        t = conv(t, f"depth_head.projects.{j}", 1)
+        t = net.node("Slice", [net.layer_norm(t, "pretrained.norm", EPS), net.ints(1), net.ints(n + 1), net.ints(1)])
+        t = net.node("Reshape", [net.node("Transpose", [t], perm=[0, 2, 1]), net.ints(1, d, gh, gw)])
+        t = net.conv(t, f"depth_head.projects.{j}", pad=0)
         if j in (0, 1):
-            kk = 4 if j == 0 else 2
-            t = b.node("ConvTranspose", [t, b.const(f"depth_head.resize_layers.{j}.weight",
-                                                    w(f"depth_head.resize_layers.{j}.weight")),
-                                         b.const(f"depth_head.resize_layers.{j}.bias",
-                                                 w(f"depth_head.resize_layers.{j}.bias"))],
-                       kernel_shape=[kk, kk], strides=[kk, kk])
+            t = net.conv_transpose(t, f"depth_head.resize_layers.{j}", stride=4 if j == 0 else 2)
         elif j == 3:
-            t = conv(t, "depth_head.resize_layers.3", 3, 2, 1)
-        maps.append(conv(t, f"depth_head.scratch.layer{j + 1}_rn", 3, 1, 1, bias=False))
-    sizes = [(4 * gh, 4 * gw), (2 * gh, 2 * gw), (gh, gw), ((gh + 1) // 2, (gw + 1) // 2)]
+            t = net.conv(t, "depth_head.resize_layers.3", stride=2, pad=1)
+        maps.append(net.conv(t, f"depth_head.scratch.layer{j + 1}_rn", pad=1, bias=False))
+    sizes = [(4 * gh, 4 * gw), (2 * gh, 2 * gw), (gh, gw)]
 
     def unit(t: str, name: str) -> str:
-        y = conv(b.node("Relu", [t]), name + ".conv1", 3, 1, 1)
-        y = conv(b.node("Relu", [y]), name + ".conv2", 3, 1, 1)
-        return b.node("Add", [y, t])
-
-    def resize(t: str, channels: int, hw: tuple[int, int], name: str) -> str:
-        return b.node("Resize", [t, "", "", shape(name, [1, channels, *hw])], mode="linear",
-                      coordinate_transformation_mode="align_corners")
+        y = net.conv(net.relu(t), name + ".conv1", pad=1)
+        return net.add(net.conv(net.relu(y), name + ".conv2", pad=1), t)
 
     path = None
-    for r in (4, 3, 2, 1):
+    for r in (4, 3, 2, 1):  # refinenet4 first, each fused block resized to the next map's size (x2 for the last)
         p = f"depth_head.scratch.refinenet{r}"
-        t = maps[r - 1] if path is None else b.node("Add", [path, unit(maps[r - 1], p + ".resConfUnit1")])
+        t = maps[r - 1] if path is None else net.add(path, unit(maps[r - 1], p + ".resConfUnit1"))
         t = unit(t, p + ".resConfUnit2")
-        hw = sizes[r - 2] if r > 1 else (2 * sizes[0][0], 2 * sizes[0][1])
-        path = conv(resize(t, cfg.features, hw, f"size_{r}"), p + ".out_conv", 1)
+        hw = sizes[r - 2] if r > 1 else (8 * gh, 8 * gw)
+        path = net.conv(net.resize(t, size=hw, align_corners=True), p + ".out_conv", pad=0)
     assert path is not None
-    y = conv(path, "depth_head.scratch.output_conv1", 3, 1, 1)
-    y = resize(y, cfg.features // 2, (gh * PATCH, gw * PATCH), "out_size")
-    y = b.node("Relu", [conv(y, "depth_head.scratch.output_conv2.0", 3, 1, 1)])
-    conv_out = conv(y, "depth_head.scratch.output_conv2.2", 1)
-    b.node("Relu", [conv_out], "depth")
-    graph = helper.make_graph(
-        b.nodes, "sdrt_depth_anything",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
-        [helper.make_tensor_value_info("depth", TensorProto.FLOAT, [1, 1, height, width])], b.inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-depth-anything",
-                              ir_version=8)
-    if sum(a.size for a in arrays.values()) < 50_000_000:  # the checker copies the whole model
-        onnx.checker.check_model(model)
-    return model
+    y = net.conv(path, "depth_head.scratch.output_conv1", pad=1)
+    y = net.resize(y, size=(gh * PATCH, gw * PATCH), align_corners=True)
+    y = net.relu(net.conv(y, "depth_head.scratch.output_conv2.0", pad=1))
+    y = net.relu(net.conv(y, "depth_head.scratch.output_conv2.2", pad=0))
+    return net.model("sdrt_depth_anything", {"image": (1, 3, height, width)}, {y: "depth"})
 
 
 # ------------------------------------------------------------------------------------------ around the network
@@ -441,8 +337,14 @@ def cubic(a: np.ndarray, width: int, height: int) -> np.ndarray:
 
 def prepare(rgb: np.ndarray, size: int = SIZE) -> np.ndarray:
     """The network's ``(1, 3, h, w)`` float32 input of an RGB uint8 image, as the extension makes it."""
-    img = np.ascontiguousarray(rgb[:, :, ::-1]) / 255.0  # cvtColor(BGR2RGB) of the extension's RGB image
     nh, nw = input_size(rgb.shape[0], rgb.shape[1], size)
+    if (nh // PATCH) * (nw // PATCH) > MAX_PATCHES * (size / SIZE) ** 2:
+        where = "sdrt.pipelines.depthanything"
+        raise InputError(f"a {rgb.shape[0]}x{rgb.shape[1]} control image is {nh}x{nw} for Depth Anything (its "
+                         f"shorter side at {size}), {(nh // PATCH) * (nw // PATCH)} patches: more than the "
+                         f"{MAX_PATCHES} of a 4:1 image", where=where,
+                         fix="crop the control image to nearer a square (at most 4:1)")
+    img = np.ascontiguousarray(rgb[:, :, ::-1]) / 255.0  # cvtColor(BGR2RGB) of the extension's RGB image
     img = cubic(img, nw, nh) if (nh, nw) != rgb.shape[:2] else img
     img = (img - MEAN) / STD
     return np.ascontiguousarray(img.transpose(2, 0, 1)).astype(np.float32)[None]
@@ -480,60 +382,44 @@ def depth_map(depth: np.ndarray) -> np.ndarray:
 
 
 # ------------------------------------------------------------------------------------------ the detector
-class DepthAnything:
+class DepthAnything(AnnotatorNet):
     """A Depth Anything file (``version`` 1: ``depth_anything``, 2: ``depth_anything_v2``) compiled on one backend
     per input size; ``map(rgb)`` -> the extension's HxW uint8 depth map of an RGB uint8 image. ``size`` is the
-    lower bound the image is resized to (518 as the extension; smaller sizes for quick checks)."""
+    lower bound the image is resized to (518 as the extension; smaller sizes for quick checks); ``offset``:
+    DINOv2's ``interpolate_offset`` (0.1; 0 resizes the position embeddings as transformers does)."""
+
+    WHAT = "a Depth Anything file"
 
     def __init__(self, path: str | Path, version: int = 1, *, backend: str = "auto", device: Any = None,
                  size: int = SIZE, offset: float = 0.1) -> None:
-        from ..weights import Weights
-
         if version not in (1, 2):
             raise InputError(f"Depth Anything version {version!r}", where="version", fix="pass 1 or 2")
-        self.path, self.version = Path(path), version
-        where = str(self.path)
-        try:
-            self.weights = Weights.open(self.path)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({type(exc).__name__}: "
-                             f"{exc})", where=where, fix=f"pass {_WHAT[version][1]}") from None
-        shapes = self.weights.shapes()
-        self.config = read_config(shapes, where, version)
-        self._names = _strip(shapes)
+        self.version, self.size, self.offset = version, int(size), float(offset)
+        self.FIX = f"pass {_WHAT[version][1]}"
+        self.path = Path(path)
+        super().__init__(path, backend=backend, device=device)
         self.blocks = layers(version, self.config.depth)
-        self.backend, self.device, self.size, self.offset = backend, device, int(size), offset
-        self._sessions: dict[tuple[int, int], Any] = {}
-        self.files = (self.path,)
 
-    def _session(self, h: int, w: int) -> Any:
-        sess = self._sessions.get((h, w))
-        if sess is None:
-            from ..runtime import load
+    def strip(self, name: str) -> str:
+        for root in ("pretrained.", "depth_head."):
+            i = name.find(root)
+            if i == 0 or (i > 0 and name[i - 1] == "."):
+                return name[i:]
+        return name
 
-            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
-            graph = build_graph(arrays, self.config, self.blocks, h, w, self.offset)
-            del arrays
-            sess = self._sessions[(h, w)] = load(graph, backend=self.backend, device=self.device)
-        return sess
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        self.config = read_config(shapes, str(self.path), self.version)
+        return expected_shapes(self.config)
 
-    def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
-
-    def __enter__(self) -> DepthAnything:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def build(self, *size: int) -> Any:
+        model = build_graph(self.arrays(), self.config, self.blocks, size[0], size[1], self.offset)
+        self._arrays = None  # the session holds its own copy (1.3 GB for ViT-L); another size reads the file again
+        return model
 
     def predict(self, rgb: np.ndarray) -> np.ndarray:
         """The network's ``(h, w)`` float32 relative depth (inverse depth: near is large) at its input size."""
         x = prepare(rgb, self.size)
-        return self._session(x.shape[2], x.shape[3]).run({"image": x})["depth"][0, 0]
+        return self.session(x.shape[2], x.shape[3]).run({"image": x})["depth"][0, 0]
 
     def depth(self, rgb: np.ndarray) -> np.ndarray:
         """The prediction resized to the image (float32, HxW)."""

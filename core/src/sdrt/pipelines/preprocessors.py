@@ -19,6 +19,8 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
+depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -43,7 +45,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "depth_anything", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,8 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "depth_anything": Spec("pad", models=True),
+    "depth_anything_v2": Spec("pad", models=True),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
@@ -208,6 +212,18 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
+                   where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
+    ``depth_anything_v2``: V2; the file or a folder holding it in the extension's, Forge's or ComfyUI's layout),
+    kept as :func:`dwpose`'s are."""
+    from .depthanything import DepthAnything
+
+    (path,) = model_files(name, models, where)
+    version = 2 if name == "depth_anything_v2" else 1
+    return _kept(name, (path,), backend, device, lambda be, dev: DepthAnything(path, version, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -264,6 +280,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name in ("depth_anything", "depth_anything_v2"):
+        det = depth_anything(models, name, backend, device, where)
+        rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

@@ -33,7 +33,8 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                   "depth_anything", "depth_anything_v2")}
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
@@ -55,9 +56,10 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
+    "depth_anything": [], "depth_anything_v2": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
-_UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+_UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "depth_anything": _RES, "depth_anything_v2": _RES}
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
@@ -580,7 +582,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        if files is not None:
+        if files is not None and pre in ("dw_openpose_full", "openpose"):
             made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
@@ -588,7 +590,13 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            if files is None:
+                made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
+            else:  # a model-backed map that is not a pose (depth_anything): the server's files and backend
+                from ..pipelines.preprocessors import preprocess as with_models
+
+                made = with_models(rgb, pre, a, b, None if res is None else int(res), seed, models=files,
+                                   backend=backend, device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
