@@ -162,17 +162,25 @@ def test_files_and_errors(tmp_path, tiny):
 
 
 def test_safetensors_file_and_flat_prediction(tmp_path):
-    """The extension's V2 download is a .safetensors of the same tensors; a flat prediction is a black map (the
-    extension divides 0 by 0)."""
+    """The extension's V2 download is a .safetensors of the same tensors; the detector keeps the last two input
+    sizes compiled (each holds the weights); a flat prediction is a black map (the extension divides 0 by 0)."""
     from safetensors.numpy import save_file
 
-    register("reference")
+    register("ggml")
     path = tmp_path / "depth_anything_v2_vitl.safetensors"
     weights = make_weights(TINY)
     save_file(dict(weights), str(path))
-    with da.DepthAnything(path, 2, backend="reference", size=SMALL) as det:
+    with da.DepthAnything(path, 2, backend="ggml", size=28) as det:
         assert det.config.depth == 12 and det.blocks == (2, 5, 8, 11)
-    assert not da.depth_map(np.full((5, 7), 3.0, np.float32)).any()
+        for h, w in ((20, 20), (20, 40), (20, 60), (20, 40)):  # three input sizes: the last two compiled kept
+            det.predict(np.zeros((h, w, 3), np.uint8))
+        assert list(det._sessions) == [(28, 84), (28, 56)]  # 28x28's closed, 28x56 used last
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no 0 / 0 on the way (NaN cast to uint8 is undefined)
+        flat = da.depth_map(np.full((5, 7), 3.0, np.float32))
+    assert flat.dtype == np.uint8 and not flat.any()
 
 
 def test_preprocess_at_a_resolution(refs, tiny):

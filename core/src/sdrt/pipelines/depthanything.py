@@ -26,6 +26,7 @@ Around the network, numpy follows the extension's ``annotator/depth_anything*.py
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -389,6 +390,9 @@ class DepthAnything(AnnotatorNet):
     DINOv2's ``interpolate_offset`` (0.1; 0 resizes the position embeddings as transformers does)."""
 
     WHAT = "a Depth Anything file"
+    #: the compiled input sizes kept (each holds its own copy of the weights: 1.3 GB for ViT-L); the oldest is
+    #: closed when another size comes
+    KEEP = 2
 
     def __init__(self, path: str | Path, version: int = 1, *, backend: str = "auto", device: Any = None,
                  size: int = SIZE, offset: float = 0.1) -> None:
@@ -397,6 +401,7 @@ class DepthAnything(AnnotatorNet):
         self.version, self.size, self.offset = version, int(size), float(offset)
         self.FIX = f"pass {_WHAT[version][1]}"
         self.path = Path(path)
+        self._lock = threading.Lock()
         super().__init__(path, backend=backend, device=device)
         self.blocks = layers(version, self.config.depth)
 
@@ -419,7 +424,13 @@ class DepthAnything(AnnotatorNet):
     def predict(self, rgb: np.ndarray) -> np.ndarray:
         """The network's ``(h, w)`` float32 relative depth (inverse depth: near is large) at its input size."""
         x = prepare(rgb, self.size)
-        return self.session(x.shape[2], x.shape[3]).run({"image": x})["depth"][0, 0]
+        key = (x.shape[2], x.shape[3])
+        with self._lock:  # one run at a time: a job and serve's detect may share this detector
+            if key in self._sessions:
+                self._sessions[key] = self._sessions.pop(key)  # the most recent last
+            while key not in self._sessions and len(self._sessions) >= self.KEEP:
+                self._sessions.pop(next(iter(self._sessions))).close()
+            return self.session(*key).run({"image": x})["depth"][0, 0]
 
     def depth(self, rgb: np.ndarray) -> np.ndarray:
         """The prediction resized to the image (float32, HxW)."""
