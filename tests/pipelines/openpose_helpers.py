@@ -51,47 +51,54 @@ class FloatStorage:  # pragma: no cover - a name for pickle
     pass
 
 
-def write_pth(path: Path, arrays: dict[str, np.ndarray]) -> Path:
+class LongStorage:  # pragma: no cover - a name for pickle (BatchNorm's num_batches_tracked)
+    pass
+
+
+def write_pth(path: Path, arrays: dict[str, np.ndarray], key: str | None = None) -> Path:
     """``torch.save(state_dict)``'s zip layout: data.pkl (rebuild calls over persistent storages) and one raw
-    little-endian float32 storage per tensor."""
+    little-endian storage per tensor (float32; int64 arrays as int64); ``key``: the state dict saved inside a dict
+    under it (``{"state_dict": ...}``, as training scripts save)."""
     torch_mod = types.ModuleType("torch")
     utils_mod = types.ModuleType("torch._utils")
-    torch_mod.FloatStorage = FloatStorage
+    torch_mod.FloatStorage, torch_mod.LongStorage = FloatStorage, LongStorage
     utils_mod._rebuild_tensor_v2 = _rebuild_tensor_v2
-    FloatStorage.__module__, _rebuild_tensor_v2.__module__ = "torch", "torch._utils"
+    FloatStorage.__module__ = LongStorage.__module__ = "torch"
+    _rebuild_tensor_v2.__module__ = "torch._utils"
     saved = {k: sys.modules.get(k) for k in ("torch", "torch._utils")}
     if saved["torch"] is not None:
         raise RuntimeError("write_pth runs without torch")
 
     class _Storage:
-        def __init__(self, key: str, n: int) -> None:
-            self.key, self.n = key, n
+        def __init__(self, key: str, n: int, long: bool = False) -> None:
+            self.key, self.n, self.long = key, n, long
 
     class _Tensor:
-        def __init__(self, key: str, shape: tuple[int, ...]) -> None:
-            self.key, self.shape = key, shape
+        def __init__(self, key: str, shape: tuple[int, ...], long: bool = False) -> None:
+            self.key, self.shape, self.long = key, shape, long
 
         def __reduce__(self):
             stride, acc = [], 1
             for d in reversed(self.shape):
                 stride.insert(0, acc)
                 acc *= d
-            return (_rebuild_tensor_v2, (_Storage(self.key, acc), 0, tuple(self.shape), tuple(stride), False,
+            return (_rebuild_tensor_v2, (_Storage(self.key, acc, self.long), 0, tuple(self.shape), tuple(stride), False,
                                          OrderedDict()))
 
     class _Pickler(pickle.Pickler):
         def persistent_id(self, obj):
             if isinstance(obj, _Storage):
-                return ("storage", FloatStorage, obj.key, "cpu", obj.n)
+                return ("storage", LongStorage if obj.long else FloatStorage, obj.key, "cpu", obj.n)
             return None
 
-    state = OrderedDict((name, _Tensor(str(i), a.shape)) for i, (name, a) in enumerate(arrays.items()))
+    state = OrderedDict((name, _Tensor(str(i), a.shape, a.dtype == np.int64)) for i, (name, a) in enumerate(arrays.items()))
+    top = state if key is None else {key: state}
     sys.modules["torch"], sys.modules["torch._utils"] = torch_mod, utils_mod
     try:
         import io
 
         buf = io.BytesIO()
-        _Pickler(buf, protocol=2).dump(state)
+        _Pickler(buf, protocol=2).dump(top)
     finally:
         for k in saved:
             sys.modules.pop(k, None)
@@ -99,7 +106,7 @@ def write_pth(path: Path, arrays: dict[str, np.ndarray]) -> Path:
         z.writestr("archive/data.pkl", buf.getvalue())
         z.writestr("archive/byteorder", "little")
         for i, a in enumerate(arrays.values()):
-            z.writestr(f"archive/data/{i}", np.ascontiguousarray(a, "<f4").tobytes())
+            z.writestr(f"archive/data/{i}", np.ascontiguousarray(a, "<i8" if a.dtype == np.int64 else "<f4").tobytes())
         z.writestr("archive/version", "3\n")
     return path
 

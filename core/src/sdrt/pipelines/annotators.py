@@ -36,6 +36,16 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
+    "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                         "MiDaS's DPT-Hybrid"),
+    "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                          "MiDaS's DPT-Hybrid"),
+    **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
+       for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
+    **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
+       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
     # Depth Anything: the extension's download; ComfyUI keeps the Space's checkpoints/ folder
     "depth_anything": Files(("depth_anything_vitl14.pth",), ("depth_anything",), ("LiheYoung/Depth-Anything/checkpoints",),
                             "Depth Anything's", ("depth_anything_vitb14.pth", "depth_anything_vits14.pth")),

@@ -29,7 +29,7 @@ Control modes (per unit; :func:`residual_scales`):
   injection: residual ``i``, counted from the first down residual with the mid block last, times
   ``weight * 0.825 ** (12 - i)``: SD 1.x's 13 residuals 0.1 to 1, SDXL's 10 truncated, the mid at 0.825**3);
   "ControlNet is more important" (soft injection and cfg injection: the uncond rows get no residual). In the
-  hires fix's second pass a Balanced ``canny`` unit is soft-injected too, as the extension does;
+  hires fix's second pass a Balanced ``canny`` or ``mlsd`` unit is soft-injected too, as the extension does;
 - diffusers' ``guess_mode=True``: residual ``i`` of ``n`` times ``scale * logspace(-1, 0, n)[i]``, cond rows only.
 
 A unit whose uncond rows get nothing runs its net on the cond rows only (rows ``[uncond, cond]`` as the batched
@@ -85,8 +85,8 @@ class ControlNet:
     ``lineart_standard``, ``scribble_xdog``, ``shuffle``, ``color``, ``blur_gaussian``, ``recolor_luminance``,
     ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`;
     ``low``/``high`` are its ``threshold_a``/``threshold_b``: canny's two thresholds, the scribble and threshold
-    level, the down sampling rate, XDoG threshold, sigma or gamma) and ``resize`` (sd-webui-controlnet's
-    ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the map of
+    level, the down sampling rate, XDoG threshold, sigma or gamma, mlsd's value and distance thresholds) and
+    ``resize`` (sd-webui-controlnet's ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the map of
     a preprocessor that reads a resolution is made with the image's shorter side at that many pixels, as the extension
     makes it (None: at the image's own size); ``pixel_perfect``: that resolution is the extension's "pixel
     perfect" one, the image's shorter side once resized to the output. ``control_mode``: sd-webui-controlnet's
@@ -532,13 +532,13 @@ def residual_scales(unit: ControlNet, n: int, *, hires: bool = False) -> list[fl
 
     - diffusers' guess mode: ``scale * logspace(-1, 0, n)``, in float32 as ``torch.logspace`` gives it;
     - the extension's soft injection ("My prompt is more important", "ControlNet is more important", and a
-      Balanced ``canny`` unit in the hires fix's second pass): ``weight * 0.825 ** (12 - i)``, its 13 scales
+      Balanced ``canny`` or ``mlsd`` unit in the hires fix's second pass): ``weight * 0.825 ** (12 - i)``, its 13 scales
       zipped with the residuals from the first: SD 1.x's 13 go from 0.099 to 1, SDXL's 10 from 0.099 to 0.56
       (the extension cuts the list to 10, and the mid block's scale is 0.825**3), a residual past the 13th
       gets none."""
     if unit.guess_mode:
         return [float(v) for v in np.logspace(-1, 0, n).astype(np.float32) * np.float32(unit.scale)]
-    soft = unit.control_mode != CONTROL_MODES[0] or (hires and unit.preprocessor == "canny")
+    soft = unit.control_mode != CONTROL_MODES[0] or (hires and unit.preprocessor in ("canny", "mlsd"))
     if not soft:
         return None
     return [float(np.float32(unit.scale * SOFT_BASE ** (12 - i))) if i < 13 else 0.0 for i in range(n)]

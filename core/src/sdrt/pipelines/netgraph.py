@@ -24,7 +24,7 @@ import numpy as np
 
 from ..errors import InputError, ModelError
 
-__all__ = ["AnnotatorNet", "Net", "check_shapes"]
+__all__ = ["AnnotatorNet", "Net", "check_shapes", "fp32_options"]
 
 
 class Net:
@@ -81,9 +81,9 @@ class Net:
         return name if name in self._have else self.const(name, np.array(values, np.int64))
 
     def scalar(self, value: float) -> str:
-        """A float32 scalar constant."""
-        name = f"f32_{self._count}_{len(self.inits)}"
-        return self.const(name, np.array(value, np.float32))
+        """A float32 scalar constant (one per value)."""
+        name = f"f32_{float(np.float32(value))!r}"
+        return name if name in self._have else self.const(name, np.array(value, np.float32))
 
     # ---------------------------------------------------------------------------------------- layers
     def conv(self, x: str, name: str, *, stride: int = 1, pad: int | Sequence[int] | None = None, dilation: int = 1,
@@ -233,8 +233,19 @@ def check_shapes(shapes: Mapping[str, Sequence[int]], want: Mapping[str, tuple[i
     return {n: bare[n] for n in want}
 
 
+def fp32_options(backend: str, device: Any) -> dict[str, Any]:
+    """The compile options that ask ``backend`` for float32. A preprocessor's map thresholds and picks peaks, so a
+    narrower default (bf16 on CPUs that have it) would move its lines and keypoints away from the extension's, which
+    runs these networks in float32; they are small, so float32 costs little."""
+    from ..runtime import select
+
+    be, _ = select(backend, device)
+    return dict((be.precisions or {}).get("fp32", {}))
+
+
 class AnnotatorNet:
-    """A preprocessor's network file compiled on one backend, one session per input size.
+    """A preprocessor's network file compiled on one backend (in float32: :func:`fp32_options`), one session per
+    input size.
 
     Subclasses set ``WHAT`` (how errors name the model, e.g. "OpenPose's body model") and ``FIX`` (what to pass
     instead), and implement :meth:`expected` (the bare tensor names and shapes, from the file's shapes when the
@@ -284,7 +295,8 @@ class AnnotatorNet:
         if sess is None:
             from ..runtime import load
 
-            sess = self._sessions[size] = load(self.build(*size), backend=self.backend, device=self.device)
+            sess = self._sessions[size] = load(self.build(*size), backend=self.backend, device=self.device,
+                                               **fp32_options(self.backend, self.device))
         return sess
 
     def close(self) -> None:

@@ -232,8 +232,11 @@ class DWPose:
         from ..runtime import load
 
         self.files = (Path(det), Path(pose))
-        self.det = load(str(det), backend=backend, device=device, shapes=_static(det, DET_FILE))
-        self.pose = load(str(pose), backend=backend, device=device, shapes=_static(pose, POSE_FILE))
+        from .netgraph import fp32_options
+
+        fp32 = fp32_options(backend, device)  # as the extension runs them: keypoints move at bf16
+        self.det = load(str(det), backend=backend, device=device, shapes=_static(det, DET_FILE), **fp32)
+        self.pose = load(str(pose), backend=backend, device=device, shapes=_static(pose, POSE_FILE), **fp32)
         self._check()
 
     @classmethod

@@ -19,6 +19,17 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
+                        (``mlsd_large_512_fp32.pth``: ``models``)
+depth_midas             - (``dpt_hybrid-midas-501f0c75.pt``)        padded to 64        midasdepth
+normal_midas            Normal Background Threshold 0.4 (0 to 1)    padded to 64        midasdepth
+softedge_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+softedge_hedsafe        - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+scribble_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 ======================  ===========================================  ==================  ==========
@@ -45,7 +56,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "depth_anything", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "midas", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -87,9 +98,19 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
+    "depth_midas": Spec("pad", models=True),
+    "normal_midas": Spec("pad", Slider(0.4, 0, 1), models=True),
+    **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
+                                              "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "depth_anything": Spec("pad", models=True),
     "depth_anything_v2": Spec("pad", models=True),
 }
+#: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
+SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
+            "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
+            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
             for n in ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
@@ -119,21 +140,24 @@ def check_thresholds(name: str, low: Any, high: Any, where: str,
             raise InputError(f"{field}: the {name} preprocessor reads no {what}", where=field,
                              fix=f"leave {names[k] if names else arg} out for {name}")
         if not finite_number(value):
-            raise InputError(f"{field}, {_what(name)}, must be a finite number, got {value!r:.40}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be a finite number, got {value!r:.40}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         v = float(value)
         bad = v <= slider.low if slider.above else v < slider.low
         if bad or v > slider.high or (slider.whole and not v.is_integer()):
-            raise InputError(f"{field}, {_what(name)}, must be {_range(slider)}, got {v:g}", where=field,
+            raise InputError(f"{field}, {_what(name, k)}, must be {_range(slider)}, got {v:g}", where=field,
                              fix=_fix(names[k] + " " if names else arg + "=", slider))
         out.append(v)
     return out[0], out[1]
 
 
-def _what(name: str) -> str:
+def _what(name: str, k: int = 0) -> str:
+    if name == "mlsd":
+        return ("the MLSD value threshold", "the MLSD distance threshold")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
-            "threshold": "the threshold level"}.get(name, "the gamma correction")
+            "threshold": "the threshold level", "normal_midas": "the normal background threshold",
+            "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -212,6 +236,63 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
+    in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .mlsdmaps import MLSD
+
+    (path,) = model_files("mlsd", models, where)
+    return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
+
+
+def midas(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.midasdepth.MidasDepth` of ``models`` (``dpt_hybrid-midas-501f0c75.pt`` or a
+    folder holding it in the extension's / ComfyUI's layout), kept as :func:`dwpose`'s are (one for both
+    ``depth_midas`` and ``normal_midas``)."""
+    from .midasdepth import MidasDepth
+
+    (path,) = model_files("depth_midas", models, where)
+    return _kept("midas", (path,), backend, device, lambda be, dev: MidasDepth(path, backend=be, device=dev))
+def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The soft-edge network preprocessor ``name`` runs (:class:`sdrt.pipelines.hedmaps.HED`,
+    :class:`sdrt.pipelines.pidimaps.PiDiNet` or :class:`sdrt.pipelines.teedmaps.TEED`) from ``models``, kept as
+    :func:`dwpose`'s are (one per network, backend and device: the three HED preprocessors share one)."""
+    net = SOFTEDGE[name][0]
+    (path,) = model_files(name, models, where)
+
+    def make(be: str, dev: Any) -> Any:
+        if net == "hed":
+            from .hedmaps import HED
+
+            return HED(path, backend=be, device=dev)
+        if net == "pidinet":
+            from .pidimaps import PiDiNet
+
+            return PiDiNet(path, backend=be, device=dev)
+        from .teedmaps import TEED
+
+        return TEED(path, backend=be, device=dev)
+
+    return _kept(net, (path,), backend, device, make)
+
+
+def softedge_map(rgb: np.ndarray, name: str, net: Any, size: tuple[int, int] | None, safe_steps: float | None = None
+                 ) -> np.ndarray:
+    """The map of soft-edge preprocessor ``name`` by ``net`` (:func:`softedge_net`) of an image padded to 64
+    (``size``: its unpadded ``(h, w)``; None: padded here), cropped to that size; ``safe_steps``: TEED's slider."""
+    from . import controlmaps as cm
+
+    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps"}[
+        SOFTEDGE[name][0]])
+    if name == "softedge_teed":
+        from .teedmaps import detect as teed_detect
+
+        return teed_detect(rgb, net, 2 if safe_steps is None else int(safe_steps), size)
+    from .hedmaps import detect
+
+    return detect(rgb, net, SOFTEDGE[name][1], size)
+
+
 def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
                    where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
@@ -280,6 +361,16 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name == "mlsd":
+        from .mlsdmaps import line_map
+
+        rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
+    elif name in ("depth_midas", "normal_midas"):
+        depth, normal = midas(models, backend, device, where).maps(cm.checked_rgb(rgb, "sdrt.pipelines.midasdepth"),
+                                                                    0.1 if lo is None else lo)
+        rgb = cm.to_rgb(depth) if name == "depth_midas" else normal
+    elif name in SOFTEDGE:  # the map is cropped before scribble's post-processing, as the extension crops it
+        rgb, crop = softedge_map(rgb, name, softedge_net(name, models, backend, device, where), crop, lo), None
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))

@@ -34,9 +34,17 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "depth_anything", "depth_anything_v2")}
+                                   "mlsd", "depth_anything", "depth_anything_v2")}
+MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
+#: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
+MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
+                "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
 ALIASES = {"invert": "invert (from white bg & black line)",
-           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
+           "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
+           "depth": "depth_midas", "normal_map": "normal_midas"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -54,6 +62,15 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
+             {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
+    "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                   {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
+    **{m: [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}] for m in (
+        "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
+    "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                      {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
     "depth_anything": [], "depth_anything_v2": [],
@@ -192,6 +209,12 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre == "normal_midas" and a is not None and a > 1:
+        raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
+                       field=field(names[1]))
+    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
+        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
@@ -560,8 +583,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     import base64
     import secrets
 
-    from ..pipelines.controlnet import preprocess
     from ..pipelines.png import encode_png
+    from ..pipelines.preprocessors import preprocess
 
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with controlnet_module and controlnet_input_images")
@@ -590,13 +613,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         # shuffle: the extension's detect draws from numpy's unseeded global generator, a new map each call
         seed = secrets.randbelow(2**32) if pre == "shuffle" else None
         try:
-            if files is None:
-                made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed)
-            else:  # a model-backed map that is not a pose (depth_anything): the server's files and backend
-                from ..pipelines.preprocessors import preprocess as with_models
-
-                made = with_models(rgb, pre, a, b, None if res is None else int(res), seed, models=files,
-                                   backend=backend, device=device, where="controlnet_module")
+            made = preprocess(rgb, pre, a, b, None if res is None else int(res), seed, models=files, backend=backend,
+                              device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
