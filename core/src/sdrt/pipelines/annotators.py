@@ -28,6 +28,8 @@ class Files:
     repos: tuple[str, ...]
     #: how errors name the model ("DWPose's", "OpenPose's body model")
     what: str = ""
+    #: other names a one-file model is also published under (other sizes, formats), taken where ``names[0]`` is not
+    alternatives: tuple[str, ...] = ()
 
 
 ANNOTATORS: dict[str, Files] = {
@@ -50,6 +52,16 @@ ANNOTATORS: dict[str, Files] = {
        for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
     "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
+    # Depth Anything: the extension's download; ComfyUI keeps the Space's checkpoints/ folder
+    "depth_anything": Files(("depth_anything_vitl14.pth",), ("depth_anything",), ("LiheYoung/Depth-Anything/checkpoints",),
+                            "Depth Anything's", ("depth_anything_vitb14.pth", "depth_anything_vits14.pth")),
+    # the extension and Forge download MackinationsAi's safetensors, ComfyUI the depth-anything repos' .pth
+    "depth_anything_v2": Files(("depth_anything_v2_vitl.safetensors",), ("depth_anything_v2",),
+                               ("depth-anything/Depth-Anything-V2-Large", "MackinationsAi/Depth-Anything-V2_Safetensors",
+                                "depth-anything/Depth-Anything-V2-Base", "depth-anything/Depth-Anything-V2-Small"),
+                               "Depth Anything V2's", ("depth_anything_v2_vitl.pth", "depth_anything_v2_vitb.safetensors",
+                                                       "depth_anything_v2_vitb.pth", "depth_anything_v2_vits.safetensors",
+                                                       "depth_anything_v2_vits.pth")),
 }
 
 
@@ -57,6 +69,7 @@ def layouts(files: Files) -> list[str]:
     """The sub-folders (of the folder given) looked in, most specific first."""
     out = [f"extensions/sd-webui-controlnet/annotator/downloads/{f}" for f in files.folders]
     out += [f"annotator/downloads/{f}" for f in files.folders]
+    out += [f"ControlNetPreprocessor/{f}" for f in files.folders]  # Forge's models/ControlNetPreprocessor
     out += [f"custom_nodes/comfyui_controlnet_aux/ckpts/{r}" for r in files.repos]
     out += [f"ckpts/{r}" for r in files.repos] + list(files.repos) + list(files.folders)
     out += [r.rsplit("/", 1)[-1] for r in files.repos]
@@ -85,7 +98,8 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
             if not f.is_file():
                 raise InputError(f"{where}: {f} is not a file", where=where, fix=f"pass {need(name)}")
         if len(files.names) == 1:
-            hits = [f for f in given if f.name == files.names[0]] or (given if len(given) == 1 else [])
+            hits = ([f for f in given if f.name == files.names[0]] or [f for f in given if f.name in files.alternatives]
+                    or (given if len(given) == 1 else []))
             if len(hits) != 1:
                 raise InputError(f"{where}: {name} needs one {files.names[0]}; given "
                                  f"{', '.join(map(str, given)) or 'none'}", where=where,
@@ -106,6 +120,9 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
     for folder in looked:
         if all((folder / n).is_file() for n in files.names):
             return tuple(folder / n for n in files.names)
+        for n in files.alternatives:
+            if (folder / n).is_file():
+                return (folder / n,)
     return _missing(name, base, looked, where, source)
 
 

@@ -35,6 +35,8 @@ softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 6
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
+depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
+depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -59,7 +61,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -112,6 +114,8 @@ SPECS: dict[str, Spec] = {
                                               "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "normal_bae": Spec("pad", models=True),
+    "depth_anything": Spec("pad", models=True),
+    "depth_anything_v2": Spec("pad", models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -317,6 +321,18 @@ def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: st
     return _kept("normal_bae", (path,), backend, device, lambda be, dev: NormalBae(path, backend=be, device=dev))
 
 
+def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
+                   where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
+    ``depth_anything_v2``: V2; the file or a folder holding it in the extension's, Forge's or ComfyUI's layout),
+    kept as :func:`dwpose`'s are."""
+    from .depthanything import DepthAnything
+
+    (path,) = model_files(name, models, where)
+    version = 2 if name == "depth_anything_v2" else 1
+    return _kept(name, (path,), backend, device, lambda be, dev: DepthAnything(path, version, backend=be, device=dev))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -391,6 +407,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         from .normalbae import normal_map
 
         rgb = normal_map(cm.checked_rgb(rgb, "sdrt.pipelines.normalbae"), normal_bae(models, backend, device, where))
+    elif name in ("depth_anything", "depth_anything_v2"):
+        det = depth_anything(models, name, backend, device, where)
+        rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

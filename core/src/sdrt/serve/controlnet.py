@@ -34,7 +34,7 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "mlsd", "normal_bae")}
+                                   "mlsd", "normal_bae", "depth_anything", "depth_anything_v2")}
 #: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
 MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
                 "lineart_anime_denoise": "lineart_anime_denoise"})
@@ -77,9 +77,11 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
                       {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
+    "depth_anything": [], "depth_anything_v2": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
-_UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES}
+_UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
+           "depth_anything_v2": _RES}
 # the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
 SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
