@@ -21,6 +21,7 @@ dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 6
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
                         (``mlsd_large_512_fp32.pth``: ``models``)
+inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -88,6 +89,9 @@ SPECS: dict[str, Spec] = {
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
     "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
+    # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
+    "inpaint": Spec(None),
+    "inpaint_only": Spec(None),
 }
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
