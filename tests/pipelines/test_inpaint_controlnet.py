@@ -67,6 +67,9 @@ def test_inpaint_controlnet_has_teeth() -> None:
                               controlnets=[ControlNet("controlnet", z["picture"], case["scale"])]).images[0]
         harmonious = _run(pipe, cases["inpaint_only/txt2img"], z, preprocessor="inpaint_global_harmonious")
         alias = _run(pipe, cases["inpaint/txt2img"], z, preprocessor="inpaint_global_harmonious")
+        # a run with its own mask: inpaint_only runs as inpaint, as the extension's (its restore would move it)
+        fallback = _run(pipe, cases["inpaint/img2img mask"], z, preprocessor="inpaint_only")
+    assert np.abs(fallback.astype(int) - z["inpaint/img2img mask"][0]).max() <= 1
     assert np.abs(plain.astype(int) - z["inpaint/txt2img"][0]).max() > 10
     assert np.abs(harmonious.astype(int) - z["inpaint_only/txt2img"][0]).max() > 10
     assert np.abs(alias.astype(int) - z["inpaint/txt2img"][0]).max() <= 1
