@@ -105,3 +105,40 @@ def test_inpaint_units_refused_in_one_line() -> None:
         with pytest.raises(InputError, match="control mask is 8x8"):
             pipe.generate("x", steps=1, width=64, height=64, controlnets=[
                 ControlNet("controlnet", z["picture"], preprocessor="inpaint", control_mask=np.zeros((8, 8), np.uint8))])
+
+
+def test_inpaint_on_the_command_line(tmp_path, capsys) -> None:
+    """--control-preprocessor inpaint_only with --control-mask gives the reference image and its infotext; a unit whose
+    --control-image is the --init-image takes --mask (the extension's unit without an image); inpaint_only+lama is one
+    line naming the flag."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")  # float32 (the CLI has no --precision)
+    z = np.load(FOLDER / "inpaint.npz")
+    cases = _cases()
+    pic, mask, out = tmp_path / "pic.png", tmp_path / "mask.png", tmp_path / "out.png"
+    Image.fromarray(z["picture"]).save(pic)
+    Image.fromarray(z["mask"]).save(mask)
+
+    def args(case: dict) -> list[str]:
+        return ["generate", str(FOLDER), case["prompt"], "-n", case["negative_prompt"], "--steps", str(case["steps"]),
+                "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", "Euler", "--width", "64",
+                "--height", "64", "--backend", "reference", "--control-image", str(pic),
+                "--control-preprocessor", case["preprocessor"], "-o", str(out)]
+
+    only = cases["inpaint_only/txt2img"]
+    assert main([*args(only), "--control-mask", str(mask)]) == 0, capsys.readouterr().err
+    image = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert np.abs(image - z[only["name"]][0]).max() <= 1
+    assert 'ControlNet 0: "Module: inpaint_only, Model: controlnet' in Image.open(out).text["parameters"]
+    i2i = cases["inpaint/img2img mask"]
+    assert main([*args(i2i), "--init-image", str(pic), "--mask", str(mask), "--strength", "0.75"]) == 0, \
+        capsys.readouterr().err
+    image = np.asarray(Image.open(out).convert("RGB")).astype(int)
+    assert np.abs(image - z[i2i["name"]][0]).max() <= 1
+    capsys.readouterr()
+    assert main([*args(only)[:-4], "--control-preprocessor", "inpaint_only+lama", "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-preprocessor inpaint_only+lama" in err and "LaMa" in err, err
