@@ -247,7 +247,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
     ({"model": "controlnet", "module": "depth_midas"}, 400, "module", "is not one of sdrt's"),
-    ({"model": "controlnet", "module": "inpaint_only"}, 400, "module", "needs the inpaint ControlNet"),
+    ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs the LaMa model"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_plus"}, 400, "model", "is no IP-Adapter file"),

@@ -34,8 +34,8 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "mlsd")}
-ALIASES = {"invert": "invert (from white bg & black line)",
+                                   "mlsd", "inpaint", "inpaint_only")}
+ALIASES = {"invert": "invert (from white bg & black line)", "inpaint": "inpaint_global_harmonious",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
@@ -58,6 +58,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
              {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
+    # the extension's inpaint modules: no sliders (their resolution slider hidden)
+    "inpaint": [], "inpaint_only": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
@@ -68,7 +70,8 @@ HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
                             "without it)"),
-          ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
+          ("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
+                   "it)"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
                          ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
@@ -264,6 +267,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         fields[f"controlnets[{len(out)}] low"] = f"{where}.threshold_a"
         fields[f"controlnets[{len(out)}] high"] = f"{where}.threshold_b"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
+        fields[f"controlnets[{len(out)}] control_mask"] = f"{where}.mask"
         out.append(made)
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it
             fields.setdefault("control_mask", f"{where}.mask")
@@ -466,15 +470,21 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     net = registry.controlnet(unit.get("model"), model, f("model"))
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, mask = _image(unit.get(image_key), f(image_key), max_pixels)
+    mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+    inpaint = pre in ("inpaint", "inpaint_only")
     if image is None:
         if init_image is None:
             raise ApiError(400, f"{f('image')} is missing: a txt2img ControlNet unit needs its control image "
                                 "(base64)", field=f("image"))
-        image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
-    mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+        if inpaint and mask not in (None, ""):
+            raise ApiError(400, f"{f('mask')} is given without {f('image')}: the mask is of the unit's picture (a unit "
+                                "without one takes the init image and the request's mask)", field=f("mask"))
+        # A1111's img2img: a unit without an image reads the init image (an inpaint unit: None, the pipeline gives it
+        # the run's init image, mask and resize mode, as the extension's choose_input_image)
+        image = None if inpaint else b64images.rgb_array(init_image)
     control_mask, reads = None, _reads_mask(net)
     if mask not in (None, ""):
-        if reads:  # alimama's SD3 inpainting net: white = repaint
+        if reads or inpaint:  # alimama's SD3 inpainting net, the inpaint modules' map: white = repaint
             control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels))
         else:
             notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "
