@@ -292,11 +292,13 @@ def test_controlnet_routes(cn_server) -> None:
     plain = get("/controlnet/module_list").json()
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd"]
+                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
+                                    "inpaint", "inpaint_only"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
     assert "invert (from white bg & black line)" in aliased["module_list"]
+    assert "inpaint_global_harmonious" in aliased["module_list"] and "inpaint_only" in aliased["module_list"]
     assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
     assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
     assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet", "forge fluxkontext"]

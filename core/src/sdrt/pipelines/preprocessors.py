@@ -269,6 +269,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb = cm.threshold(rgb, int(lo))
     elif name == "invert":
         rgb = cm.invert(rgb)
+    elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
+        rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)
     elif name in ("tile_resample", "blur_gaussian"):
         from . import tilemaps
 
