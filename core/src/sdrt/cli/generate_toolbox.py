@@ -303,9 +303,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
-        from ..pipelines.preprocessors import check_thresholds
-
         from ..pipelines.inpaintcn import ALIASES, LAMA
+        from ..pipelines.preprocessors import check_thresholds
 
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
             if pre == LAMA:
