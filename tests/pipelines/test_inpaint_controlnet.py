@@ -98,6 +98,12 @@ def test_inpaint_units_refused_in_one_line() -> None:
         pipelines.controlnet.parse_units([ControlNet("controlnet", z["picture"], preprocessor="inpaint_only+lama")])
     with pytest.raises(InputError, match="no control image"):
         pipelines.controlnet.parse_units([ControlNet("controlnet", None, preprocessor="canny")])
+    from sdrt.pipelines.controlnet import check_no_control_mask
+
+    unit = ControlNet("controlnet", z["picture"], preprocessor="inpaint_only", control_mask=z["mask"])
+    with pytest.raises(InputError, match="hint of an SD inpaint ControlNet .* and this is a Flux ControlNet"):
+        check_no_control_mask(unit, "controlnets[0]", "a Flux ControlNet")
+    check_no_control_mask(unit, "controlnets[0]", "a SD 1.x ControlNet", sd=True)  # an SD net reads its mask
     with pipelines.load(FOLDER, backend=fast_backend()) as pipe:
         with pytest.raises(InputError, match="init image and mask of an img2img run"):
             pipe.generate("x", steps=1, width=64, height=64,
