@@ -246,7 +246,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "weight": 10.5}, 400, "weight", "weight must be at most 10"),
     ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
-    ({"model": "controlnet", "module": "depth_midas"}, 400, "module", "is not one of sdrt's"),
+    ({"model": "controlnet", "module": "seg_ofade20k"}, 400, "module", "is not one of sdrt's"),
     ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs the LaMa model"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),
@@ -293,7 +293,10 @@ def test_controlnet_routes(cn_server) -> None:
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                     "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
-                                    "inpaint", "inpaint_only"]
+                                    "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
+                                    "depth", "normal_map",
+                                    "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
+                                    "softedge_teed", "inpaint", "inpaint_only"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()

@@ -8,17 +8,22 @@ from __future__ import annotations
 import pytest
 
 from sdrt.pipelines.preprocessors import NAMES, SPECS
-from sdrt.serve.controlnet import MODULES, SLIDERS
+from sdrt.serve.controlnet import _UI_RES, ALIASES, MODULES, SLIDERS
+
+#: the extension's module name of each pipeline preprocessor (the same but where its UI renamed one, and the
+#: pipeline took the UI's name: "lineart" is lineart_realistic, "depth" depth_midas)
+MODULE_OF = {pre: module for module, pre in MODULES.items()}
 
 
 def test_the_server_offers_every_preprocessor_of_the_pipeline() -> None:
-    assert set(MODULES) == set(NAMES) and set(MODULES.values()) == set(NAMES)
-    assert set(SLIDERS) == set(NAMES)
+    assert set(MODULES.values()) == set(NAMES) and len(MODULE_OF) == len(MODULES)
+    assert all(m == p or ALIASES.get(m) == p for m, p in MODULES.items())
+    assert set(SLIDERS) == set(MODULES)
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_each_sliders_default_is_the_pipelines(name: str) -> None:
-    sliders = SLIDERS[name]
+    sliders = SLIDERS[MODULE_OF[name]]
     spec = SPECS[name]
     for k, pipe_slider in ((1, spec.low), (2, spec.high)):
         if name == "scribble":  # the extension's has a fixed level (127), the pipeline's default; no slider
@@ -30,4 +35,5 @@ def test_each_sliders_default_is_the_pipelines(name: str) -> None:
             assert float(served["value"]) == pipe_slider.default, (name, k)
     # a resolution slider exactly where the pipeline makes the map at a processor resolution
     has_res = bool(sliders) and sliders[0] is not None
-    assert has_res == (spec.resolution is not None) or name in ("lineart_standard", "shuffle"), name
+    # (or, for a module outside the extension's slider config, the resolution its UI shows: lineart_standard, ...)
+    assert has_res == (spec.resolution is not None) or MODULE_OF[name] in _UI_RES, name

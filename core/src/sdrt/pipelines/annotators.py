@@ -34,7 +34,21 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    "lineart_realistic": Files(("sk_model.pth",), ("lineart",), ("lllyasviel/Annotators",), "the lineart model"),
+    "lineart_coarse": Files(("sk_model2.pth",), ("lineart",), ("lllyasviel/Annotators",), "the coarse lineart model"),
+    "lineart_anime": Files(("netG.pth",), ("lineart_anime",), ("lllyasviel/Annotators",), "the anime lineart model"),
+    "lineart_anime_denoise": Files(("erika.pth",), ("manga_line",), ("lllyasviel/Annotators",),
+                                   "the manga line model"),
     "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
+    "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                         "MiDaS's DPT-Hybrid"),
+    "normal_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
+                          "MiDaS's DPT-Hybrid"),
+    **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
+       for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
+    **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
+       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
 }
 
 

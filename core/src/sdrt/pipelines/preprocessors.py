@@ -19,8 +19,21 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 64        lineartnets
+lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
+lineart_anime           - (``netG.pth``: ``models``)                 padded to 64        lineartnets
+lineart_anime_denoise   - (``erika.pth``: ``models``)                padded to 64        lineartnets
 mlsd                    MLSD Value 0.1 / Distance 0.1 (>= 0)         padded to 64        mlsdmaps
                         (``mlsd_large_512_fp32.pth``: ``models``)
+depth_midas             - (``dpt_hybrid-midas-501f0c75.pt``)        padded to 64        midasdepth
+normal_midas            Normal Background Threshold 0.4 (0 to 1)    padded to 64        midasdepth
+softedge_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+softedge_hedsafe        - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+scribble_hed            - (``ControlNetHED.pth``: ``models``)        padded to 64        hedmaps
+softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
 inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
 ======================  ===========================================  ==================  ==========
 
@@ -46,7 +59,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "dwpose", "lineart", "midas", "mlsd", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -88,11 +101,24 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "lineart_realistic": Spec("pad", models=True),
+    "lineart_coarse": Spec("pad", models=True),
+    "lineart_anime": Spec("pad", models=True),
+    "lineart_anime_denoise": Spec("pad", models=True),
     "mlsd": Spec("pad", Slider(0.1, 0), Slider(0.1, 0), models=True),
+    "depth_midas": Spec("pad", models=True),
+    "normal_midas": Spec("pad", Slider(0.4, 0, 1), models=True),
+    **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
+                                              "softedge_pidisafe", "scribble_pidinet")},
+    "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
     "inpaint": Spec(None),
     "inpaint_only": Spec(None),
 }
+#: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
+SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
+            "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
+            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
 #: the extension's other torch OpenPose modules, refused with what works instead
 NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
             for n in ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
@@ -138,7 +164,8 @@ def _what(name: str, k: int = 0) -> str:
         return ("the MLSD value threshold", "the MLSD distance threshold")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
-            "threshold": "the threshold level"}.get(name, "the gamma correction")
+            "threshold": "the threshold level", "normal_midas": "the normal background threshold",
+            "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -217,6 +244,15 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def lineart(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :mod:`sdrt.pipelines.lineartnets` detector of model-backed lineart preprocessor ``name`` from ``models``
+    (its file, or a folder holding it in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .lineartnets import DETECTORS
+
+    (path,) = model_files(name, models, where)
+    return _kept(name, (path,), backend, device, lambda be, dev: DETECTORS[name](path, backend=be, device=dev))
+
+
 def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
     in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
@@ -224,6 +260,54 @@ def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "m
 
     (path,) = model_files("mlsd", models, where)
     return _kept("mlsd", (path,), backend, device, lambda be, dev: MLSD(path, backend=be, device=dev))
+
+
+def midas(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.midasdepth.MidasDepth` of ``models`` (``dpt_hybrid-midas-501f0c75.pt`` or a
+    folder holding it in the extension's / ComfyUI's layout), kept as :func:`dwpose`'s are (one for both
+    ``depth_midas`` and ``normal_midas``)."""
+    from .midasdepth import MidasDepth
+
+    (path,) = model_files("depth_midas", models, where)
+    return _kept("midas", (path,), backend, device, lambda be, dev: MidasDepth(path, backend=be, device=dev))
+def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The soft-edge network preprocessor ``name`` runs (:class:`sdrt.pipelines.hedmaps.HED`,
+    :class:`sdrt.pipelines.pidimaps.PiDiNet` or :class:`sdrt.pipelines.teedmaps.TEED`) from ``models``, kept as
+    :func:`dwpose`'s are (one per network, backend and device: the three HED preprocessors share one)."""
+    net = SOFTEDGE[name][0]
+    (path,) = model_files(name, models, where)
+
+    def make(be: str, dev: Any) -> Any:
+        if net == "hed":
+            from .hedmaps import HED
+
+            return HED(path, backend=be, device=dev)
+        if net == "pidinet":
+            from .pidimaps import PiDiNet
+
+            return PiDiNet(path, backend=be, device=dev)
+        from .teedmaps import TEED
+
+        return TEED(path, backend=be, device=dev)
+
+    return _kept(net, (path,), backend, device, make)
+
+
+def softedge_map(rgb: np.ndarray, name: str, net: Any, size: tuple[int, int] | None, safe_steps: float | None = None
+                 ) -> np.ndarray:
+    """The map of soft-edge preprocessor ``name`` by ``net`` (:func:`softedge_net`) of an image padded to 64
+    (``size``: its unpadded ``(h, w)``; None: padded here), cropped to that size; ``safe_steps``: TEED's slider."""
+    from . import controlmaps as cm
+
+    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps"}[
+        SOFTEDGE[name][0]])
+    if name == "softedge_teed":
+        from .teedmaps import detect as teed_detect
+
+        return teed_detect(rgb, net, 2 if safe_steps is None else int(safe_steps), size)
+    from .hedmaps import detect
+
+    return detect(rgb, net, SOFTEDGE[name][1], size)
 
 
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
@@ -249,7 +333,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
                backend: str = "auto", device: Any = None, where: str = "models") -> np.ndarray:
     """The control map (HxWx3 uint8) of an HxWx3 uint8 image: ``name`` with its thresholds (None: the defaults),
     at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
-    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files),
+    ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files;
+    the lineart models: their ``.pth`` or a folder holding it),
     compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
     from . import controlmaps as cm
 
@@ -284,10 +369,19 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name in ("lineart_realistic", "lineart_coarse", "lineart_anime", "lineart_anime_denoise"):
+        # without a resolution the detector pads to 64 itself, as resize_image_with_pad at the image's own size
+        rgb = cm.to_rgb(lineart(name, models, backend, device, where)(cm.checked_rgb(rgb, "sdrt.pipelines.lineartnets")))
     elif name == "mlsd":
         from .mlsdmaps import line_map
 
         rgb = line_map(cm.checked_rgb(rgb, "sdrt.pipelines.mlsdmaps"), mlsd(models, backend, device, where), lo, hi)
+    elif name in ("depth_midas", "normal_midas"):
+        depth, normal = midas(models, backend, device, where).maps(cm.checked_rgb(rgb, "sdrt.pipelines.midasdepth"),
+                                                                    0.1 if lo is None else lo)
+        rgb = cm.to_rgb(depth) if name == "depth_midas" else normal
+    elif name in SOFTEDGE:  # the map is cropped before scribble's post-processing, as the extension crops it
+        rgb, crop = softedge_map(rgb, name, softedge_net(name, models, backend, device, where), crop, lo), None
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

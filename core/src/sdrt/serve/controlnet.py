@@ -34,9 +34,24 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "mlsd", "inpaint", "inpaint_only")}
-ALIASES = {"invert": "invert (from white bg & black line)", "inpaint": "inpaint_global_harmonious",
-           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
+                                   "mlsd")}
+#: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
+MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
+                "lineart_anime_denoise": "lineart_anime_denoise"})
+MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the extension's names for its MiDaS modules
+#: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
+MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
+                "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
+ALIASES = {"invert": "invert (from white bg & black line)",
+           "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
+           "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
+           "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
+           "depth": "depth_midas", "normal_map": "normal_midas"}
+ALIASES["lineart"] = "lineart_realistic"
+#: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
+MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
+ALIASES["inpaint"] = "inpaint_global_harmonious"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -56,6 +71,13 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
              {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
+    "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "normal_map": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                   {"name": "Normal Background Threshold", "value": 0.4, "min": 0.0, "max": 1.0, "step": 0.01}],
+    **{m: [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}] for m in (
+        "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
+    "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
+                      {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [],
     # the extension's inpaint modules: no sliders (their resolution slider hidden)
@@ -63,6 +85,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+# the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
+SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+_UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
@@ -196,6 +221,12 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
     if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
         raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
+                       field=field(names[1]))
+    if pre == "normal_midas" and a is not None and a > 1:
+        raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
+                       field=field(names[1]))
+    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
+        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",

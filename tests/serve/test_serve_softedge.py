@@ -1,0 +1,112 @@
+"""sdrt serve's soft edges (HED, PiDiNet, TEED): the extension's module names and its labels, /controlnet/detect
+and a txt2img unit find the files in sd-webui-controlnet's or ComfyUI's layout beside the models and give the maps
+the Python API gives (tests/pipelines/test_softedge.py holds those against the extension's code); without a file,
+a 400 naming where it looked."""
+
+from __future__ import annotations
+
+import shutil
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+from serve_helpers import live_server, needs_server
+from serve_helpers import png_b64 as _b64
+from serve_helpers import png_rgb as _rgb
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
+from softedge_helpers import write_hed, write_pidi, write_teed  # noqa: E402
+
+from sdrt import pipelines  # noqa: E402
+from sdrt.pipelines import preprocessors  # noqa: E402
+from sdrt.pipelines.controlnet import ControlNet  # noqa: E402
+
+pytestmark = needs_server
+Image = pytest.importorskip("PIL.Image", reason="the serve tests need Pillow")
+requests = pytest.importorskip("requests", reason="the serve tests need requests")
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sd15-controlnet"
+REFS = np.load(Path(__file__).resolve().parents[1] / "data" / "softedge" / "refs.npz")
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory) -> Path:
+    """An A1111 folder with HED and TEED in the extension's downloads; PiDiNet in ComfyUI's layout."""
+    root = tmp_path_factory.mktemp("a1111")
+    shutil.copytree(DATA, root / "models" / "tiny-cn")
+    down = root / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads"
+    write_hed(down / "hed")
+    write_teed(down / "TEED")
+    write_pidi(root / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators")
+    return root
+
+
+@pytest.fixture(scope="module")
+def server(root) -> Iterator[str]:
+    from sdrt.serve import ServeConfig
+
+    with live_server(ServeConfig(models=root / "models", backend="openvino")) as url:
+        yield url
+
+
+def test_modules_and_detect(server, root) -> None:
+    """The extension's names (hed, pidinet_scribble) and labels (softedge_hed, scribble_pidinet) both run; the
+    maps equal the Python API's and the extension's reference maps; TEED reads threshold_a as its Safe Steps."""
+    got = requests.get(f"{server}/controlnet/module_list", timeout=30).json()
+    assert {"hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
+            "softedge_teed"} <= set(got["module_list"])
+    assert got["module_detail"]["softedge_teed"]["sliders"][1]["name"] == "Safe Steps"
+    aliased = requests.get(f"{server}/controlnet/module_list?alias_names=true", timeout=30).json()["module_list"]
+    assert {"softedge_hed", "softedge_hedsafe", "softedge_pidinet", "softedge_pidisafe", "scribble_pidinet"} <= \
+        set(aliased)
+    image = REFS["image"]
+    for module, name in (("hed", "softedge_hed"), ("softedge_hedsafe", "softedge_hedsafe"),
+                         ("pidinet_scribble", "scribble_pidinet"), ("softedge_pidinet", "softedge_pidinet")):
+        r = requests.post(f"{server}/controlnet/detect", json={
+            "controlnet_module": module, "controlnet_processor_res": 72,
+            "controlnet_input_images": [_b64(image)]}, timeout=300)
+        assert r.status_code == 200, r.text
+        made = _rgb(r.json()["images"][0])
+        assert "poses" not in r.json()
+        want = preprocessors.preprocess(image, name, resolution=72, models=root, backend="openvino")
+        assert np.array_equal(made, want)
+        assert (made[:, :, 0] != REFS[f"map/{name}/72"]).mean() <= 0.001
+    r = requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "softedge_teed", "controlnet_processor_res": 96, "controlnet_threshold_a": 5,
+        "controlnet_input_images": [_b64(image)]}, timeout=300)
+    assert r.status_code == 200, r.text
+    assert (_rgb(r.json()["images"][0])[:, :, 0] != REFS["map/softedge_teed_5/96"]).mean() <= 0.001
+    r = requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "softedge_teed", "controlnet_threshold_a": 11, "controlnet_input_images": [_b64(image)]},
+        timeout=60)
+    assert r.status_code == 400 and "safe steps" in r.json()["message"], r.text
+
+
+def test_txt2img_unit_equals_the_python_api(server, root) -> None:
+    image = REFS["image"]
+    body = dict(prompt="a photo", steps=2, width=64, height=64, seed=4, sampler_name="Euler", cfg_scale=7,
+                alwayson_scripts={"controlnet": {"args": [{"image": _b64(image), "module": "softedge_pidisafe",
+                                                           "model": "controlnet", "processor_res": 72}]}})
+    r = requests.post(f"{server}/sdapi/v1/txt2img", json=body, timeout=300)
+    assert r.status_code == 200, r.text
+    control = preprocessors.preprocess(image, "softedge_pidisafe", resolution=72, models=root, backend="openvino")
+    with pipelines.load(root / "models" / "tiny-cn", backend="openvino") as pipe:
+        want = pipe.generate("a photo", steps=2, width=64, height=64, seed=4, sampler="Euler", cfg=7,
+                             controlnets=[ControlNet("controlnet", control, window="a1111")]).images[0]
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+
+
+def test_missing_file_names_where_it_was_looked_for(tmp_path) -> None:
+    from sdrt.serve import ServeConfig
+
+    shutil.copytree(DATA, tmp_path / "models" / "tiny-cn")
+    with live_server(ServeConfig(models=tmp_path / "models", backend="openvino")) as url:
+        r = requests.post(f"{url}/controlnet/detect", json={"controlnet_module": "softedge_hed",
+                                                            "controlnet_input_images": [_b64(REFS["image"])]},
+                          timeout=60)
+    assert r.status_code == 400 and r.json()["field"] == "controlnet_module", r.text
+    message = r.json()["message"]  # the folders as the admin names them (<models>), not the server's paths
+    assert "ControlNetHED.pth" in message and "<models>/" in message and str(tmp_path) not in message, message
+    assert "ckpts/lllyasviel/Annotators" in message, message
