@@ -16,7 +16,9 @@ picture in [0, 1], -1 where the mask is above 0.5), fed as a tensor:
   the pixel blend uses OpenCV's ``dilate`` and ``blur`` as the extension;
 - ``inpaint_only/weight 0.5``: the same at weight 0.5 (the restore mixed at the weight).
 
-``inpaint.json`` lists the cases, ``inpaint.npz`` holds the picture, the mask and the uint8 images.
+``inpaint.json`` lists the cases, ``inpaint.npz`` holds the picture, the mask and the uint8 images;
+``inpaint_maps.npz`` the extension's resized maps (``detectmap_proc`` with OpenCV, float32) of the picture and mask
+at six sizes and modes.
 """
 
 from __future__ import annotations
@@ -147,6 +149,57 @@ def run_inpaint_only(pipe, net, case, img, m, hint, restore: bool = True) -> np.
     return (x.transpose(1, 2, 0)[None] * 255).round().astype(np.uint8)
 
 
+def extension_map(rgba: np.ndarray, w: int, h: int, mode: str) -> np.ndarray:
+    """The extension's ``detectmap_proc`` of an inpaint map (``scripts/controlnet.py``): float32, its
+    ``high_quality_resize`` (the interpolation picked from the picture's colours, the alpha resized with it, then
+    ``> 127`` -> 255) and its three resize modes, with OpenCV as the extension calls it."""
+    x = rgba.astype(np.float32)
+
+    def hq(a: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        mask, a = a[:, :, 3], a[:, :, :3]
+        if a.shape[0] != size[1] or a.shape[1] != size[0]:
+            smaller = size[0] * size[1] < a.shape[0] * a.shape[1]
+            colours = len(np.unique(a.reshape(-1, 3), axis=0))
+            assert not (colours == 2 and a.min() < 16 and a.max() > 240)  # (the binary branch: not this picture)
+            interp = cv2.INTER_NEAREST if 2 < colours < 200 else cv2.INTER_AREA if smaller else cv2.INTER_CUBIC
+            a = cv2.resize(a, size, interpolation=interp)
+            mask = cv2.resize(mask, size, interpolation=interp)
+        mask = ((mask > 127).astype(np.float32) * 255.0)[:, :, None].clip(0, 255).astype(np.uint8)
+        return np.concatenate([a, mask], axis=2)
+
+    if mode == "Just Resize":
+        return hq(x, (w, h))
+    oh, ow = x.shape[:2]
+    k0, k1 = h / oh, w / ow
+    if mode == "Resize and Fill":
+        k = min(k0, k1)
+        borders = np.concatenate([x[0], x[-1], x[:, 0], x[:, -1]], axis=0)
+        colour = np.median(borders, axis=0).astype(x.dtype)
+        colour[3] = 255
+        out = np.tile(colour[None, None], [h, w, 1])
+        small = hq(x, (int(np.round(ow * k)), int(np.round(oh * k))))
+        nh, nw = small.shape[:2]
+        ph, pw = max(0, (h - nh) // 2), max(0, (w - nw) // 2)
+        out[ph:ph + nh, pw:pw + nw] = small
+        return out
+    k = max(k0, k1)
+    big = hq(x, (int(np.round(ow * k)), int(np.round(oh * k))))
+    nh, nw = big.shape[:2]
+    ph, pw = max(0, (nh - h) // 2), max(0, (nw - w) // 2)
+    return big[ph:ph + h, pw:pw + w]
+
+
+MAP_CASES = [(96, 80, "Just Resize"), (40, 48, "Just Resize"), (96, 80, "Crop and Resize"), (40, 56, "Crop and Resize"),
+             (96, 64, "Resize and Fill"), (48, 32, "Resize and Fill")]
+
+
+def write_maps(folder: Path) -> None:
+    """``inpaint_maps.npz``: the extension's resized maps of the picture and mask (float32 RGB and uint8 alpha)."""
+    rgba = np.concatenate([picture(), mask()[:, :, None]], axis=2)
+    maps = {f"{w}x{h}/{mode}": extension_map(rgba, w, h, mode) for w, h, mode in MAP_CASES}
+    np.savez_compressed(folder / "inpaint_maps.npz", **maps)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     folder = G.OUT / "tiny-sd15-controlnet"
@@ -186,6 +239,7 @@ def main() -> None:
     assert d > 10, d
     (folder / "inpaint.json").write_text(json.dumps(all_cases, indent=1) + "\n")
     np.savez_compressed(folder / "inpaint.npz", **refs)
+    write_maps(folder)
 
 
 if __name__ == "__main__":
