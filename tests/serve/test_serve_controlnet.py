@@ -247,7 +247,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
     ({"model": "controlnet", "module": "seg_ofade20k"}, 400, "module", "is not one of sdrt's"),
-    ({"model": "controlnet", "module": "inpaint_only"}, 400, "module", "needs the inpaint ControlNet"),
+    ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs the LaMa model"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_plus"}, 400, "model", "is no IP-Adapter file"),
@@ -297,11 +297,12 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
-                                    "softedge_teed"]
+                                    "softedge_teed", "inpaint", "inpaint_only"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
     assert "invert (from white bg & black line)" in aliased["module_list"]
+    assert "inpaint_global_harmonious" in aliased["module_list"] and "inpaint_only" in aliased["module_list"]
     assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
     assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
     assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet", "forge fluxkontext"]

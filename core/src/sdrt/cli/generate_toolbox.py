@@ -32,13 +32,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the control image (of a ControlNet; of a FLUX.1 Canny/Depth model itself, with no --controlnet)")
     g.add_argument("--control-mask", action="append", default=[], metavar="PNG",
                    help="the mask (white = repaint) of an SD3 inpainting ControlNet's --control-image, the picture "
-                        "to inpaint (alimama's SD3-Controlnet-Inpainting)")
+                        "to inpaint (alimama's SD3-Controlnet-Inpainting), or of an inpaint / inpaint_only unit's "
+                        "(control_v11p_sd15_inpaint; a unit whose --control-image is the --init-image takes --mask)")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
     g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",
                    help="first step, as a fraction of the steps (0)")
     g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
                    help="last step, as a fraction of the steps (1)")
-    g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
+    g.add_argument("--control-preprocessor", action="append", default=[],
+                   choices=[*PREPROCESSORS, "inpaint_global_harmonious", "inpaint_only+lama"],
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
@@ -304,10 +306,17 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
+        from ..pipelines.inpaintcn import ALIASES, LAMA
         from ..pipelines.preprocessors import check_thresholds
 
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
-            check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
+            if pre == LAMA:
+                raise InputError(f"{LAMA} fills the mask with the LaMa model first, which sdrt does not have",
+                                 where=f"--control-preprocessor {LAMA}",
+                                 fix="use --control-preprocessor inpaint_only (the same hint and blend, without "
+                                     "LaMa's fill) or inpaint")
+            check_thresholds(ALIASES.get(pre, pre or "none"), low, high, "",
+                             ("--control-threshold-a", "--control-threshold-b"))
         if args.control_pose_models and args.control_preprocessor_models:
             raise InputError("both --control-preprocessor-models and --control-pose-models are given",
                              where="--control-pose-models",
@@ -333,6 +342,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                      fix=f"pass {mflag} FOLDER holding them")
                 model_files(pre, models, mflag)
         backend = getattr(args, "backend", None) or "auto"
+        init = getattr(args, "init_image", None)
         units = []
         for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
@@ -342,6 +352,9 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
                 _per_unit(passes, n, "--control-hr-option"), poses):
+            if pre in ("inpaint", "inpaint_only", "inpaint_global_harmonious") and mask is None and init is not None \
+                    and Path(image).resolve() == Path(init).resolve():
+                image = None  # the extension's unit without an image: the run's init image and --mask
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     low=low, high=high, control_mode=mode or "Balanced",

@@ -54,6 +54,8 @@ from .controlmaps import finite_number
 from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, threshold_fields
 from .preprocessors import preprocess as _preprocess
 
+INPAINT_NAMES = ("inpaint", "inpaint_only")  #: sdrt.pipelines.inpaintcn.INPAINT
+
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
 
@@ -156,6 +158,13 @@ class ControlNet:
     #: the run's control map as the preprocessor made it, before its resize to a pass's size: made once, at the
     #: first pass, and resized again for the hires fix's second pass (:func:`prepare_image`)
     detected: np.ndarray | None = field(default=None, repr=False)
+    #: an ``inpaint_only`` unit in a run without a mask of its own: its restore of the picture outside the mask runs
+    #: (sdrt.pipelines.inpaintcn); in a run with a mask it runs as ``inpaint``, as the extension's
+    restores: bool = field(default=False, repr=False)
+    #: its last RGBA map at a pass's size (an inpaint unit's; the restore and the pixel blend read it)
+    prepared: np.ndarray | None = field(default=None, repr=False)
+    #: the VAE latent of its map's picture, per pass size (the restore's)
+    origin: dict = field(default_factory=dict, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -259,8 +268,15 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.start > unit.end:
             raise InputError(f"{where} starts at {unit.start:g}, after its end {unit.end:g}", where=where,
                              fix="pass start <= end (fractions of the steps, 0 to 1)")
+        from .inpaintcn import ALIASES as INPAINT_ALIASES
+        from .inpaintcn import INPAINT, LAMA
         from .preprocessors import NOT_HERE
 
+        unit.preprocessor = INPAINT_ALIASES.get(unit.preprocessor, unit.preprocessor)
+        if unit.preprocessor == LAMA:
+            raise InputError(f"{where}: {LAMA} fills the mask with the LaMa model first, which sdrt does not have",
+                             where=where, fix="use preprocessor='inpaint_only' (the same hint and blend, without "
+                                              "LaMa's fill) or 'inpaint'")
         if unit.preprocessor in NOT_HERE:
             raise InputError(f"{where}: {NOT_HERE[unit.preprocessor]}", where=where,
                              fix="use preprocessor='dw_openpose_full' (or 'openpose' for the body alone)")
@@ -314,9 +330,14 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,
                              fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")
-        if unit.image is None:
+        if unit.image is None and unit.preprocessor not in INPAINT:  # inpaint: the run's init image and mask
             raise InputError(f"{where} has no control image", where=where, fix="pass the control image")
-        check_path(unit.image, "control image", where)
+        if unit.image is not None:
+            check_path(unit.image, "control image", where)
+        elif unit.control_mask is not None:
+            raise InputError(f"{where} has a control_mask and no image: the mask is of the unit's picture",
+                             where=f"{where} control_mask", fix="pass the unit's image with its mask, or neither "
+                                                                "(the run's init image and mask)")
         if unit.control_mask is not None:
             check_path(unit.control_mask, "control mask", f"{where} control_mask")
         units.append(unit)
@@ -373,6 +394,11 @@ def prepare_image(unit: ControlNet, width: int, height: int, where: str) -> np.n
     if unit.detected is None:
         unit.detected = detect(unit, width, height, where)
     rgb = unit.detected
+    if rgb.ndim == 3 and rgb.shape[2] == 4:  # an inpaint map: the picture and its mask (sdrt.pipelines.inpaintcn)
+        from .inpaintcn import resize_map
+
+        return resize_map(rgb, width, height, unit.resize) if rgb.shape[:2] != (height, width) else \
+            resize_map(rgb, width, height, "Just Resize")
     try:
         if rgb.shape[:2] != (height, width):
             rgb = cm.resize_control(rgb, width, height, unit.resize)
@@ -390,10 +416,25 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
     from .images import to_rgb
 
     rgb = to_rgb(unit.image, "control image", where)
+    mask = None
+    if unit.preprocessor in INPAINT_NAMES:  # the map is RGBA: the picture and its mask (sdrt.pipelines.inpaintcn)
+        from .images import mask_gray
+        from .inpaintcn import check_size
+
+        if unit.control_mask is not None:
+            mask = mask_gray(unit.control_mask, f"{where} control_mask")
+            check_size(rgb, mask, where)
     if unit.region is not None and unit.inpaint_crop:
         from .onlymasked import cut_control
 
         rgb = cut_control(rgb, unit.region, unit.resize, width, height, "control image", where)
+        if mask is not None:
+            mask = cut_control(np.repeat(mask[:, :, None], 3, axis=2), unit.region, unit.resize, width, height,
+                               "control mask", where)[:, :, 0]
+    if unit.preprocessor in INPAINT_NAMES:
+        from .inpaintcn import rgba
+
+        return rgba(rgb, mask)
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
     if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
         unit.made_at = res
@@ -445,9 +486,16 @@ def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
                          "scale and window only", where=where, fix="leave {@control_mode} Balanced and {@guess_mode} off")
 
 
-def check_no_control_mask(unit: ControlNet, where: str, net: str) -> None:
-    """A unit's ``control_mask`` is read by SD3 inpainting ControlNets only: refused on ``net`` ("a Flux
-    ControlNet") in one line."""
+def check_no_control_mask(unit: ControlNet, where: str, net: str, *, sd: bool = False) -> None:
+    """A unit's ``control_mask`` is read by SD3 inpainting ControlNets and, on an SD UNet's net (``sd``), the inpaint
+    preprocessors: refused on ``net`` ("a Flux ControlNet") otherwise, in one line; the inpaint preprocessors (whose
+    hint holds -1 under the mask) are for SD nets only."""
+    if unit.preprocessor in INPAINT_NAMES and not sd:
+        raise InputError(f"{where}: the {unit.preprocessor} preprocessor makes the hint of an SD inpaint ControlNet "
+                         f"(control_v11p_sd15_inpaint), and this is {net}", where=f"{where} preprocessor",
+                         fix="use an SD 1.x inpaint ControlNet, or another preprocessor")
+    if unit.preprocessor in INPAINT_NAMES:
+        return
     if unit.control_mask is not None:
         raise InputError(f"{where} has a {{@control_mask}}, which only SD3 inpainting ControlNets read, and is {net}",
                          where=f"{where} control_mask", fix="leave {@control_mask} out for this net")

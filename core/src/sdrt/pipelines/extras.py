@@ -71,13 +71,15 @@ class ToolboxMixin:
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             for k, unit in enumerate(tb.controlnets):
-                cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet")  # type: ignore[attr-defined]
+                cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet",  # type: ignore[attr-defined]
+                                         sd=True)
                 if unit.union_mode is not None:  # a union Flux ControlNet's control type: no SD net has one
                     raise InputError(f"controlnets[{k}] has a {{@union_mode}}: an SD ControlNet has no union modes "
                                      "(a union Flux.1 ControlNet has)", where=f"controlnets[{k}] {{@union_mode}}",
                                      fix="leave {@union_mode} out")
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
+                self._inpaint_unit(s, unit, k)
                 unit.control = self._control_tensor(unit, s.width, s.height, k)
         if tb.hires is not None:
             if s.mode != "txt2img":
@@ -115,6 +117,25 @@ class ToolboxMixin:
             self._preview_fn = tb.preview
         else:
             self._preview_fn = None
+
+    def _inpaint_unit(self, s: Settings, unit: cn.ControlNet, k: int) -> None:
+        """An inpaint unit (sdrt.pipelines.inpaintcn) as the extension's ``choose_input_image`` reads it: without a
+        picture, the run's init image with the run's mask (blurred as the run blurs it) and the run's resize mode;
+        ``inpaint_only`` restores the picture outside its mask unless the run has a mask of its own."""
+        from .images import LATENT_UPSCALE
+
+        if unit.preprocessor not in cn.INPAINT_NAMES:
+            return
+        if unit.image is None:
+            if s.init_image is None:
+                raise InputError(f"controlnets[{k}] has no image: an inpaint unit takes the init image and mask of "
+                                 "an img2img run, and this one makes an image from the prompt",
+                                 where=f"controlnets[{k}]", fix="pass the unit's image (and its control_mask)")
+            unit.image = s.init_image
+            unit.control_mask = self._mask_gray(s)  # type: ignore[attr-defined]
+            unit.resize = "Just Resize" if s.resize_mode == LATENT_UPSCALE else s.resize_mode
+        unit.restores = unit.preprocessor == "inpaint_only" and s.mask is None
+        unit.origin = {}
 
     def _prepare_ip_adapter(self, s: Settings) -> None:
         """The UNet with IP attention for the adapters asked for (one more attention a layer each), as its file
@@ -260,7 +281,56 @@ class ToolboxMixin:
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor
 
-        return control_tensor(cn.prepare_image(unit, width, height, f"controlnets[{k}]"))
+        made = cn.prepare_image(unit, width, height, f"controlnets[{k}]")
+        if made.ndim == 3 and made.shape[2] == 4:  # an inpaint map: -1 under its mask (sdrt.pipelines.inpaintcn)
+            from .inpaintcn import hint
+
+            unit.prepared = made
+            return hint(made)
+        return control_tensor(made)
+
+    def _restore_hook(self, units: list[cn.ControlNet], ms: Any, width: int, height: int) -> Any:
+        """sd-webui-controlnet's ``inpaint_only`` restore (sdrt.pipelines.inpaintcn.restore_eps) of each such unit,
+        on every UNet call of the pass, after the UNet; None when no unit restores."""
+        from .inpaintcn import latent_mask, restore_eps
+        from .reference import MEAN
+
+        restoring = [u for u in units if u.restores and u.prepared is not None]
+        if not restoring or self._dry:
+            return None
+        if getattr(ms, "prediction", None) != "eps":
+            raise InputError("inpaint_only restores the picture through the UNet's noise prediction, and this model "
+                             f"predicts {getattr(ms, 'prediction', 'another quantity')}", where="controlnets",
+                             fix="use preprocessor='inpaint' on this model")
+        c = self.family.latent_channels  # type: ignore[attr-defined]
+        name = self.family.sample_input  # type: ignore[attr-defined]
+        steps = []
+        for unit in restoring:
+            a = unit.prepared
+            if (width, height) not in unit.origin:
+                rgb = a[:, :, :3].astype(np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
+                unit.origin[(width, height)] = self._encode_image(rgb, MEAN).astype(np.float32)  # type: ignore[attr-defined]
+            steps.append((unit, latent_mask(a), unit.origin[(width, height)]))
+
+        def after(feeds: dict[str, np.ndarray], out: np.ndarray) -> np.ndarray:
+            x = np.asarray(feeds[name])[:, :c]
+            t = float(np.asarray(feeds["timestep"]).reshape(-1)[0])
+            for unit, mask, origin in steps:
+                out = restore_eps(out, x, t, ms.alphas_cumprod, mask, origin, unit.scale)
+            return out
+
+        return after
+
+    def _inpaint_blend(self, s: Settings, images: list[np.ndarray]) -> list[np.ndarray]:
+        """sd-webui-controlnet's ``inpaint_only`` post-processing of the decoded images (each restoring unit's last
+        map, the hires pass's in a hires run), in unit order."""
+        from .inpaintcn import blend_pixels
+
+        units = [u for u in s.toolbox.controlnets if u.restores and u.prepared is not None]
+        for unit in units:  # (the extension skips a map of another size than the image, with an error in its log)
+            images = [blend_pixels(im, unit.prepared) if unit.prepared.shape[:2] == im.shape[:2] else im
+                      for im in images]
+        return images
 
     # ------------------------------------------------------------------ noise
     def _noise(self, s: Settings, shape: tuple[int, ...], seed: int, subseed: int | None) -> Any:
@@ -333,6 +403,9 @@ class ToolboxMixin:
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
                                   batch=call.batch, hires=hires))
+        restore = self._restore_hook(list(units), self.family.model_sampling(width, height), width, height)  # type: ignore[attr-defined]
+        if restore is not None:
+            call.after.append(restore)
         return state
 
     def _release_nets(self, s: Settings, hires_next: bool) -> None:

@@ -1304,7 +1304,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         # the model loaded last decodes, as in A1111 (a refiner whose switch never came, switch_at past the last
         # step, was never loaded there), with the VAE file chosen for the run (refiner.Run.vae)
         decoder = refiner.vae if refiner is not None else self
-        images = self._pasted(decoder._decode(x))
+        images = self._pasted(self._inpaint_blend(s, decoder._decode(x)))  # inpaint_only's blend (inpaintcn)
         decoder._release("vae_decoder", stage=True)
         return images
 

@@ -37,6 +37,7 @@ softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 6
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
+inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -116,6 +117,9 @@ SPECS: dict[str, Spec] = {
     "normal_bae": Spec("pad", models=True),
     "depth_anything": Spec("pad", models=True),
     "depth_anything_v2": Spec("pad", models=True),
+    # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
+    "inpaint": Spec(None),
+    "inpaint_only": Spec(None),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -377,6 +381,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb = cm.threshold(rgb, int(lo))
     elif name == "invert":
         rgb = cm.invert(rgb)
+    elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
+        rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)
     elif name in ("tile_resample", "blur_gaussian"):
         from . import tilemaps
 

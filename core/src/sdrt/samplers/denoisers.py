@@ -42,13 +42,16 @@ class Denoiser:
     - ``quantize``: feed the nearest integer timestep instead of an interpolated one.
     - ``hooks``: callables ``hook(feeds) -> more feeds`` run in order before every call
       (they see the sample, timestep and conditioning; what they return is added or replaces).
+    - ``after``: callables ``after(feeds, output) -> output`` run in order on the raw network output of every call
+      (sd-webui-controlnet's ``inpaint_only`` restore).
     """
 
     def __init__(self, session: Any, model_sampling: Any, *, sample_name: str = "sample",
                  timestep_name: str = "timestep", cond_name: str | None = "encoder_hidden_states",
                  output_name: str | None = None, timestep_dtype: Any = None,
                  feeds: Mapping[str, np.ndarray] | None = None, quantize: bool = False,
-                 hooks: Sequence[Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]] = ()) -> None:
+                 hooks: Sequence[Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]] = (),
+                 after: Sequence[Callable[[dict[str, np.ndarray], np.ndarray], np.ndarray]] = ()) -> None:
         self.session = session
         self.model_sampling = model_sampling
         self.sample_name = sample_name
@@ -58,6 +61,7 @@ class Denoiser:
         self.feeds = dict(feeds or {})
         self.quantize = quantize
         self.hooks = list(hooks)
+        self.after = list(after)
         infos = getattr(session, "inputs", [])
         declared = {info.name: info for info in (infos.values() if isinstance(infos, Mapping) else infos)}
         missing = [n for n in (sample_name, timestep_name, cond_name) if n and declared and n not in declared]
@@ -116,7 +120,10 @@ class Denoiser:
                              f"{list(x_in.shape)}; a denoiser's output must have its sample's shape", where=str(where),
                              fix="check that the graph is the model's UNet or transformer as exported (its output "
                                  "is the noise, v or velocity prediction of the sample), or re-export it")
-        return out.astype(np.float32) if out.dtype.kind == "f" and out.dtype.itemsize < 4 else out
+        out = out.astype(np.float32) if out.dtype.kind == "f" and out.dtype.itemsize < 4 else out
+        for after in self.after:
+            out = after(inputs, out)
+        return out
 
     def __call__(self, x: np.ndarray, sigma: float, *, cond: Any = None, **feeds: np.ndarray) -> np.ndarray:
         sigma = float(np.asarray(sigma).reshape(-1)[0])

@@ -49,6 +49,9 @@ ALIASES = {"invert": "invert (from white bg & black line)",
            "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
            "depth": "depth_midas", "normal_map": "normal_midas"}
 ALIASES["lineart"] = "lineart_realistic"
+#: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
+MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
+ALIASES["inpaint"] = "inpaint_global_harmonious"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -78,6 +81,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
     "depth_anything": [], "depth_anything_v2": [],
+    # the extension's inpaint modules: no sliders (their resolution slider hidden)
+    "inpaint": [], "inpaint_only": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -92,7 +97,8 @@ HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
                             "without it)"),
-          ("inpaint", "the inpaint ControlNet's masked conditioning"), ("reference", "reference-only attention hooks"),
+          ("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
+                   "it)"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
                          ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
@@ -294,6 +300,7 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         fields[f"controlnets[{len(out)}] low"] = f"{where}.threshold_a"
         fields[f"controlnets[{len(out)}] high"] = f"{where}.threshold_b"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
+        fields[f"controlnets[{len(out)}] control_mask"] = f"{where}.mask"
         out.append(made)
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it
             fields.setdefault("control_mask", f"{where}.mask")
@@ -496,15 +503,21 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     net = registry.controlnet(unit.get("model"), model, f("model"))
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, mask = _image(unit.get(image_key), f(image_key), max_pixels)
+    mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+    inpaint = pre in ("inpaint", "inpaint_only")
     if image is None:
         if init_image is None:
             raise ApiError(400, f"{f('image')} is missing: a txt2img ControlNet unit needs its control image "
                                 "(base64)", field=f("image"))
-        image = b64images.rgb_array(init_image)  # A1111's img2img: a unit without an image reads the init image
-    mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
+        if inpaint and mask not in (None, ""):
+            raise ApiError(400, f"{f('mask')} is given without {f('image')}: the mask is of the unit's picture (a unit "
+                                "without one takes the init image and the request's mask)", field=f("mask"))
+        # A1111's img2img: a unit without an image reads the init image (an inpaint unit: None, the pipeline gives it
+        # the run's init image, mask and resize mode, as the extension's choose_input_image)
+        image = None if inpaint else b64images.rgb_array(init_image)
     control_mask, reads = None, _reads_mask(net)
     if mask not in (None, ""):
-        if reads:  # alimama's SD3 inpainting net: white = repaint
+        if reads or inpaint:  # alimama's SD3 inpainting net, the inpaint modules' map: white = repaint
             control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels))
         else:
             notes.append(f"{f('mask')}: only inpainting ControlNets read a mask (sdrt runs SD3's, alimama's design); "

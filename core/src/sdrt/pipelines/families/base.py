@@ -58,6 +58,8 @@ class ModelCall:
     uncond: Conditioning | None
     extra: np.ndarray | None = None
     hooks: list[Hook] = field(default_factory=list)
+    #: ``after(feeds, output) -> output`` on the denoiser's raw output of every call (sdrt.samplers.Denoiser's ``after``)
+    after: list[Any] = field(default_factory=list)
     #: the distilled guidance fed as a model input (Flux dev's ``guidance``), None elsewhere
     guidance: float | None = None
     #: diffusers' ``guidance_rescale`` of the guided output (``sdrt.samplers.CFGDenoiser``'s ``rescale``)
@@ -355,7 +357,7 @@ class Family:
         outputs = part.outputs
         model = Denoiser(self.session(part), model_sampling, sample_name=self.sample_input, cond_name=self.text_input,
                          output_name=self.output if self.output in outputs else None,
-                         hooks=[*self.hooks(call), *call.hooks])
+                         hooks=[*self.hooks(call), *call.hooks], after=call.after)
         cond = self.cond_feeds(call.cond, call.batch)
         uncond = self.cond_feeds(call.uncond, call.batch) if call.uncond is not None else None
         if call.edit is not None and call.edit_guidance == "edit" and uncond is not None:

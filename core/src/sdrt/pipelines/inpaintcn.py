@@ -1,0 +1,173 @@
+"""ControlNet inpainting as sd-webui-controlnet does it (lllyasviel's ``control_v11p_sd15_inpaint``).
+
+The preprocessors ``inpaint`` (the extension's label ``inpaint_global_harmonious``) and ``inpaint_only`` give the
+net a hint made of the picture and a mask, step for step as the extension (``scripts/controlnet.py``
+``choose_input_image`` / ``detectmap_proc``, ``scripts/hook.py``):
+
+- the map is RGBA: the unit's picture and its mask as alpha (no mask: alpha 0, nothing masked); a unit without a
+  picture in img2img takes the init image and the run's mask (blurred as the run blurs it);
+- it is resized to the pass's size as other maps are (the interpolation picked from the picture's colours), the
+  alpha with the same interpolation, then thresholded: ``> 127`` is 255;
+- the hint is ``rgb / 255`` where alpha is 0 and ``-1`` where it is 255 (``c * (1 - m) - m``, ``m = a / 255 > 0.5``),
+  diffusers' ``make_inpaint_condition``;
+- ``inpaint_only`` also keeps what lies outside the mask: after every UNet call the predicted ``x0`` outside the
+  mask (max-pooled to the latent grid: 10x10, stride 8, padding 1) is replaced by the VAE latent of the map's
+  picture and the noise prediction recomputed from it, mixed at the unit's weight (clipped to 0..1); and the
+  decoded image is blended with the map's picture, the mask dilated and box-blurred by 7 pixels
+  (``control_net_inpaint_blur_sigma``). In a run with its own mask (A1111 inpainting) the extension runs
+  ``inpaint_only`` as ``inpaint``, and so does sdrt.
+
+The picture's latent is the VAE encoder's mean (the extension samples the posterior with torch's global generator,
+whose spread is about 1e-3 of the latent).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["ALIASES", "INPAINT", "LAMA", "blend_pixels", "hint", "latent_mask", "resize_map", "restore_eps", "rgba"]
+
+#: sdrt's inpaint preprocessors (the extension's module names)
+INPAINT = ("inpaint", "inpaint_only")
+#: the extension's label for ``inpaint``
+ALIASES = {"inpaint_global_harmonious": "inpaint"}
+#: refused by name: it needs the LaMa model
+LAMA = "inpaint_only+lama"
+#: ``control_net_inpaint_blur_sigma``'s default: the pixel blend's dilation and box blur
+BLUR = 7
+
+
+def rgba(rgb: np.ndarray, mask: np.ndarray | None) -> np.ndarray:
+    """The extension's RGBA input: ``rgb`` (HxWx3 uint8) with ``mask`` (HxW uint8, white = repaint; None: zeros) as
+    alpha. The caller checks the sizes."""
+    alpha = np.zeros(rgb.shape[:2], np.uint8) if mask is None else np.asarray(mask, np.uint8)
+    return np.ascontiguousarray(np.concatenate([rgb[:, :, :3], alpha[:, :, None]], axis=2))
+
+
+def _hq_resize(a: np.ndarray, width: int, height: int) -> np.ndarray:
+    """``high_quality_resize`` of an RGBA map: the picture as :func:`controlmaps._hq_resize` resizes a map, the
+    alpha with the same interpolation, then ``> 127`` -> 255."""
+    from .cvresize import resample
+    from .edgethin import binarize, one_pixel_edges
+
+    h, w = a.shape[:2]
+    rgb, alpha = a[:, :, :3], a[:, :, 3]
+    if (h, w) != (height, width):
+        packed = rgb[:, :, 0].astype(np.uint32) << 16 | rgb[:, :, 1].astype(np.uint32) << 8 | rgb[:, :, 2]
+        ordered = np.sort(packed, axis=None)
+        colors = int(np.count_nonzero(ordered[1:] != ordered[:-1])) + 1
+        binary = colors == 2 and int(rgb.min()) < 16 and int(rgb.max()) > 240
+        one_pixel = binary and one_pixel_edges(rgb)
+        kind = "nearest" if 2 < colors < 200 else "area" if width * height < w * h else "cubic"
+        rgb = resample(np.ascontiguousarray(rgb), width, height, kind)
+        alpha = resample(np.ascontiguousarray(alpha), width, height, kind)
+        if binary:
+            rgb = binarize(rgb, one_pixel, width * height > w * h)
+    alpha = np.where(alpha > 127, 255, 0).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([rgb, alpha[:, :, None]], axis=2))
+
+
+def resize_map(a: np.ndarray, width: int, height: int, mode: str) -> np.ndarray:
+    """The RGBA map at ``width x height`` with the unit's resize mode, as the extension's ``detectmap_proc`` resizes
+    an inpaint map: ``Resize and Fill`` pads with the borders' median colour, masked (alpha 255)."""
+    from .controlmaps import scaled_side
+
+    if mode == "Just Resize":
+        return _hq_resize(a, width, height)
+    old_h, old_w = a.shape[:2]
+    k0, k1 = height / old_h, width / old_w
+    if mode == "Resize and Fill":
+        k = min(k0, k1)
+        borders = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]], axis=0)
+        fill = np.median(borders.astype(np.float32), axis=0).astype(np.uint8)
+        fill[3] = 255
+        out = np.tile(fill[None, None], (height, width, 1))
+        small = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
+        nh, nw = small.shape[:2]
+        ph, pw = max(0, (height - nh) // 2), max(0, (width - nw) // 2)
+        out[ph:ph + nh, pw:pw + nw] = small[: height - ph, : width - pw]
+        return out
+    k = max(k0, k1)
+    scaled_side(old_h, old_w, k, "control image", "a control image this narrow, cropped and resized")
+    big = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
+    nh, nw = big.shape[:2]
+    ph, pw = max(0, (nh - height) // 2), max(0, (nw - width) // 2)
+    return np.ascontiguousarray(big[ph:ph + height, pw:pw + width])
+
+
+def hint(a: np.ndarray) -> np.ndarray:
+    """``controlnet_cond`` of an RGBA map (HxWx4 uint8): ``(1, 3, H, W)`` float32, the picture in [0, 1] and -1
+    under the mask, as the extension's hook makes it."""
+    x = a.astype(np.float32) / np.float32(255.0)
+    c, m = x[:, :, :3], (x[:, :, 3:4] > 0.5).astype(np.float32)
+    return (c * (1 - m) - m).transpose(2, 0, 1)[None].copy()
+
+
+def latent_mask(a: np.ndarray) -> np.ndarray:
+    """The map's mask on the latent grid, ``(1, 1, H/8, W/8)`` float32: ``max_pool2d((10, 10), stride 8,
+    padding 1)`` of alpha / 255, as the extension's restore step."""
+    m = a[:, :, 3].astype(np.float32) / np.float32(255.0)
+    h, w = m.shape
+    p = np.pad(m, 1, constant_values=-np.inf)
+    oh, ow = (h + 2 - 10) // 8 + 1, (w + 2 - 10) // 8 + 1
+    out = np.empty((oh, ow), np.float32)
+    for i in range(oh):
+        rows = p[i * 8:i * 8 + 10]
+        for j in range(ow):
+            out[i, j] = rows[:, j * 8:j * 8 + 10].max()
+    return out[None, None]
+
+
+def restore_eps(eps: np.ndarray, x_in: np.ndarray, timestep: float, alphas_cumprod: np.ndarray,
+                mask: np.ndarray, origin: np.ndarray, weight: float) -> np.ndarray:
+    """The extension's ``inpaint_only`` restore of one UNet call: ``x0`` predicted from the noise ``eps`` at the
+    scaled input ``x_in`` (the DDPM ``x_t``) and the rounded ``timestep``, the picture's latent ``origin`` put back
+    outside ``mask``, the noise recomputed, mixed with ``eps`` at ``weight`` clipped to [0, 1]."""
+    ab = float(alphas_cumprod[int(np.clip(np.round(float(timestep)), 0, len(alphas_cumprod) - 1))])
+    sr, srm1 = np.float32(np.sqrt(1.0 / ab)), np.float32(np.sqrt(1.0 / ab - 1.0))
+    x = x_in.astype(np.float32)
+    x0 = (sr * x - srm1 * eps) * mask + origin * (1 - mask)
+    new = (sr * x - x0) / srm1
+    w = np.float32(max(0.0, min(1.0, float(weight))))
+    return (new * w + eps * (1 - w)).astype(eps.dtype, copy=False)
+
+
+def _max3(m: np.ndarray, r: int, axis: int) -> np.ndarray:
+    n = m.shape[axis]
+    p = np.pad(m, [(r, r) if k == axis else (0, 0) for k in range(2)], constant_values=-np.inf)
+    return np.max([np.take(p, np.arange(d, d + n), axis=axis) for d in range(2 * r + 1)], axis=0)
+
+
+def _box(m: np.ndarray, k: int, axis: int) -> np.ndarray:
+    n, r = m.shape[axis], k // 2
+    p = np.pad(m, [(r, k - 1 - r) if a == axis else (0, 0) for a in range(2)], mode="reflect")
+    return np.sum([np.take(p, np.arange(d, d + n), axis=axis) for d in range(k)], axis=0) / np.float32(k)
+
+
+def blend_pixels(image: np.ndarray, a: np.ndarray, k: int = BLUR) -> np.ndarray:
+    """The extension's ``inpaint_only`` post-processing of a decoded image (HxWx3 uint8): the mask dilated by a
+    ``k x k`` square (``cv2.dilate``) and box-blurred ``k x k`` (``cv2.blur``, borders reflected), the image kept
+    there and the map's picture elsewhere."""
+    m = a[:, :, 3].astype(np.float32) / np.float32(255.0)
+    r = k // 2
+    m = _max3(_max3(m, r, 0), r, 1) if k > 1 else m
+    m = _box(_box(m, k, 1), k, 0).astype(np.float32)[:, :, None]
+    x = image.astype(np.float32) / np.float32(255.0)
+    raw = a[:, :, :3].astype(np.float32) / np.float32(255.0)
+    y = np.clip(m * x + (1 - m) * raw, 0, 1)
+    return np.clip(np.round(y * 255), 0, 255).astype(np.uint8)
+
+
+def check_size(rgb: np.ndarray, mask: np.ndarray, where: str) -> None:
+    from ..errors import InputError
+
+    if mask.shape[:2] != rgb.shape[:2]:
+        raise InputError(f"{where}: the control mask is {mask.shape[1]}x{mask.shape[0]} and its image "
+                         f"{rgb.shape[1]}x{rgb.shape[0]}", where=f"{where} control_mask",
+                         fix="give a mask of the control image's size (white = repaint)")
+
+
+def is_inpaint(name: Any) -> bool:
+    return name in INPAINT
