@@ -8,7 +8,8 @@ either layout under it (an A1111 or ComfyUI root, its models folder, the extensi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,8 +69,19 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
         raise InputError(f"{where}: the {name} preprocessor needs {need(name)}", where=where,
                          fix="pass the folder that holds " + ("them (or the files)" if len(files.names) > 1 else
                                                                "it (or the file)"))
-    if not isinstance(models, (str, Path)):
-        given = [Path(p) for p in models]
+    if isinstance(models, (str, os.PathLike)) and not os.fspath(models):
+        raise InputError(f"{where} is an empty path", where=where, fix=f"pass the folder that holds {need(name)}")
+    if not isinstance(models, (str, os.PathLike)):
+        # a number, bytes or a mapping would be read item by item (or fail in Path() with a traceback)
+        ok = isinstance(models, Iterable) and not isinstance(models, (bytes, bytearray, Mapping))
+        items = list(models) if ok else []
+        if not ok or not all(isinstance(p, (str, os.PathLike)) and os.fspath(p) for p in items):
+            bad = models if not ok else next(p for p in items if not isinstance(p, (str, os.PathLike))
+                                             or not os.fspath(p))
+            raise InputError(f"{where} must be a folder, a file or a list of files (str or Path), got "
+                             f"{type(bad).__name__} {bad!r:.40}", where=where,
+                             fix=f"pass the folder that holds {need(name)}")
+        given = [Path(p) for p in items]
         for f in given:
             if not f.is_file():
                 raise InputError(f"{where}: {f} is not a file", where=where, fix=f"pass {need(name)}")
