@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from sdrt.errors import InputError
-from sdrt.pipelines.annotators import find
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from pipeline_helpers import register  # noqa: E402
+
+from sdrt.errors import InputError  # noqa: E402
+from sdrt.pipelines.annotators import find  # noqa: E402
 
 
 @pytest.mark.parametrize("models", [5, 3.5, b"/tmp", {"a": 1}, [5], [""], ""])
@@ -37,3 +43,25 @@ def test_a_unit_with_a_number_for_its_files_is_refused_in_its_words():
         parse_units([ControlNet("controlnet", img, preprocessor="mlsd", preprocessor_models=5)])
     with pytest.raises(InputError, match=r"^controlnets\[0\] pose_models must be a folder"):
         parse_units([ControlNet("controlnet", img, preprocessor="openpose", pose_models=b"/x")])
+
+
+def test_a_unit_whose_file_is_not_the_model_names_its_argument(tmp_path):
+    """The file's refusal (here a cut-short download) names the file in its message and the unit's argument as
+    where (the CLI's --control-preprocessor-models, serve's unit field), once: the reader's own "Where: ... What to
+    do: ..." is not repeated inside it."""
+    from sdrt.errors import ModelError
+    from sdrt.pipelines.controlnet import ControlNet, detect, parse_units
+
+    register("reference")
+    bad = tmp_path / "mlsd_large_512_fp32.pth"
+    bad.write_bytes(b"PK\x03\x04 cut short")
+    img = np.zeros((8, 8, 3), np.uint8)
+    (unit,) = parse_units([ControlNet("controlnet", img, preprocessor="mlsd", preprocessor_models=tmp_path)])
+    unit.pose_backend = "reference"
+    with pytest.raises(ModelError) as e:
+        detect(unit, 64, 64, "controlnets[0]")
+    assert e.value.where == "controlnets[0] preprocessor_models" and str(bad) in e.value.what, str(e.value)
+    assert str(e.value).count("Where:") == 1 and str(e.value).count("What to do:") == 1, str(e.value)
+    assert "--control-preprocessor-models" in e.value.render({"controlnets[0] preprocessor_models":
+                                                              "--control-preprocessor-models"})
+

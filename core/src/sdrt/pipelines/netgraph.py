@@ -22,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from ..errors import InputError, ModelError, SdrtError
 
 __all__ = ["AnnotatorNet", "Net", "check_shapes", "fp32_options"]
 
@@ -265,8 +265,11 @@ class AnnotatorNet:
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({type(exc).__name__}: "
-                             f"{exc})", where=where, fix=self.FIX) from None
+            # sdrt's own error by its what alone: its "Where: ... What to do: ..." inside this one's said it twice
+            said = (exc.what + (f"; {exc.fix}" if exc.fix else "") if isinstance(exc, SdrtError) else
+                    f"{type(exc).__name__}: {exc}")
+            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({said})", where=where,
+                             fix=self.FIX) from None
         shapes = self.weights.shapes()
         self.names = check_shapes(shapes, self.expected(shapes), where, self.WHAT, self.FIX, self.strip)
         self.backend, self.device = backend, device
