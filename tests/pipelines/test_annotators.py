@@ -65,3 +65,25 @@ def test_a_unit_whose_file_is_not_the_model_names_its_argument(tmp_path):
     assert "--control-preprocessor-models" in e.value.render({"controlnets[0] preprocessor_models":
                                                               "--control-preprocessor-models"})
 
+
+@pytest.mark.parametrize("name,file,sub", [
+    # the extension reads mlsd's and midas' files from their code folder first (old_modeldir), where older
+    # installs downloaded them
+    ("mlsd", "mlsd_large_512_fp32.pth", "extensions/sd-webui-controlnet/annotator/mlsd"),
+    ("depth_midas", "dpt_hybrid-midas-501f0c75.pt", "extensions/sd-webui-controlnet/annotator/midas"),
+    # lllyasviel/ControlNet's annotator/ckpts (the extension's download URL; controlnet_aux's ckpts/<repo>/subfolder)
+    ("normal_midas", "dpt_hybrid-midas-501f0c75.pt", "custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/ControlNet/"
+                                                     "annotator/ckpts"),
+    ("mlsd", "mlsd_large_512_fp32.pth", "annotator/ckpts"),
+])
+def test_the_extensions_older_folder_and_lllyasviels_controlnet_layout(tmp_path, name, file, sub):
+    (tmp_path / sub).mkdir(parents=True)
+    (tmp_path / sub / file).write_bytes(b"x")
+    assert find(name, tmp_path, "m") == (tmp_path / sub / file,)
+
+
+def test_the_older_folder_first_as_the_extension_reads_it(tmp_path):
+    for sub in ("annotator/mlsd", "annotator/downloads/mlsd"):
+        (tmp_path / "extensions/sd-webui-controlnet" / sub).mkdir(parents=True)
+        (tmp_path / "extensions/sd-webui-controlnet" / sub / "mlsd_large_512_fp32.pth").write_bytes(b"x")
+    assert find("mlsd", tmp_path, "m")[0].parent.name == "mlsd" and "downloads" not in str(find("mlsd", tmp_path, "m"))

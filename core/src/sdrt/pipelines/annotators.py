@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["ANNOTATORS", "Files", "find", "layouts", "need"]
+__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "find", "layouts", "need"]
 
 
 @dataclass(frozen=True)
@@ -43,13 +43,24 @@ ANNOTATORS: dict[str, Files] = {
 }
 
 
+#: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas``), before ``annotator/downloads/<folder>``
+OLD_FOLDERS = ("mlsd", "midas")
+
+
 def layouts(files: Files) -> list[str]:
     """The sub-folders (of the folder given) looked in, most specific first."""
-    out = [f"extensions/sd-webui-controlnet/annotator/downloads/{f}" for f in files.folders]
-    out += [f"annotator/downloads/{f}" for f in files.folders]
+    old = [f for f in files.folders if f in OLD_FOLDERS]
+    out = [f"extensions/sd-webui-controlnet/annotator/{f}" for f in old]
+    out += [f"extensions/sd-webui-controlnet/annotator/downloads/{f}" for f in files.folders]
+    out += [f"annotator/{f}" for f in old] + [f"annotator/downloads/{f}" for f in files.folders]
     out += [f"custom_nodes/comfyui_controlnet_aux/ckpts/{r}" for r in files.repos]
     out += [f"ckpts/{r}" for r in files.repos] + list(files.repos) + list(files.folders)
     out += [r.rsplit("/", 1)[-1] for r in files.repos]
+    if "lllyasviel/Annotators" in files.repos:  # lllyasviel/ControlNet's annotator/ckpts, where the extension
+        # downloads mlsd and midas from (controlnet_aux keeps that repository's files under ckpts/<repo>/too)
+        out += ["custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/ControlNet/annotator/ckpts",
+                "ckpts/lllyasviel/ControlNet/annotator/ckpts", "annotator/ckpts"]
     return list(dict.fromkeys(out))
 
 
