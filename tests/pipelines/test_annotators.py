@@ -87,3 +87,20 @@ def test_the_older_folder_first_as_the_extension_reads_it(tmp_path):
         (tmp_path / "extensions/sd-webui-controlnet" / sub).mkdir(parents=True)
         (tmp_path / "extensions/sd-webui-controlnet" / sub / "mlsd_large_512_fp32.pth").write_bytes(b"x")
     assert find("mlsd", tmp_path, "m")[0].parent.name == "mlsd" and "downloads" not in str(find("mlsd", tmp_path, "m"))
+
+
+def test_mlsd_thresholds_beyond_float32_draw_nothing_without_a_warning():
+    """The sliders take any number >= 0: one beyond float32 (1e308) is infinite in the float32 comparison, as NumPy 2
+    makes it, so no line passes; numpy's "overflow encountered in cast" warning reached the server's log and the
+    terminal."""
+    import warnings
+
+    from sdrt.pipelines.mlsdmaps import decode
+
+    out = np.zeros((16, 16, 16), np.float32)
+    out[7] = np.random.default_rng(0).standard_normal((16, 16)).astype(np.float32)
+    out[8:12] = 3.0 * np.random.default_rng(1).standard_normal((4, 16, 16)).astype(np.float32)
+    assert len(decode(out, 0.0, 0.0)) > 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert len(decode(out, 1e308, 0.1)) == 0 and len(decode(out, 0.1, 1e308)) == 0
