@@ -245,7 +245,7 @@ def fp32_options(backend: str, device: Any) -> dict[str, Any]:
 
 class AnnotatorNet:
     """A preprocessor's network file compiled on one backend (in float32: :func:`fp32_options`), one session per
-    input size.
+    input size (the :attr:`KEEP` used last are kept).
 
     Subclasses set ``WHAT`` (how errors name the model, e.g. "OpenPose's body model") and ``FIX`` (what to pass
     instead), and implement :meth:`expected` (the bare tensor names and shapes, from the file's shapes when the
@@ -253,6 +253,9 @@ class AnnotatorNet:
 
     WHAT = "the preprocessor's model"
     FIX = "pass the model file the preprocessor names"
+    #: the input sizes whose compiled graphs are kept, the most recently used: each holds the weights (MiDaS's
+    #: 490 MB), and a server's requests come in many sizes
+    KEEP = 4
 
     def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
         from ..weights import Weights
@@ -294,12 +297,17 @@ class AnnotatorNet:
 
     def session(self, *size: int) -> Any:
         """The compiled graph for one input size (built and compiled the first time)."""
-        sess = self._sessions.get(size)
+        sess = self._sessions.pop(size, None)
         if sess is None:
             from ..runtime import load
 
-            sess = self._sessions[size] = load(self.build(*size), backend=self.backend, device=self.device,
-                                               **fp32_options(self.backend, self.device))
+            sess = load(self.build(*size), backend=self.backend, device=self.device,
+                        **fp32_options(self.backend, self.device))
+        self._sessions[size] = sess  # the most recent last
+        while len(self._sessions) > self.KEEP:
+            # the least recently used let go, not closed: another thread (a job beside a detect) may be running it;
+            # it is freed when the last one holding it lets go
+            self._sessions.pop(next(iter(self._sessions)))
         return sess
 
     def close(self) -> None:
