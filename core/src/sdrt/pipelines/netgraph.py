@@ -16,6 +16,7 @@ input size (:class:`AnnotatorNet`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,7 @@ class AnnotatorNet:
         self.names = check_shapes(shapes, self.expected(shapes), where, self.WHAT, self.FIX, self.strip)
         self.backend, self.device = backend, device
         self._sessions: dict[tuple[int, ...], Any] = {}
+        self._lock = threading.Lock()
         self._arrays: dict[str, np.ndarray] | None = None
 
     def strip(self, name: str) -> str:
@@ -297,23 +299,25 @@ class AnnotatorNet:
 
     def session(self, *size: int) -> Any:
         """The compiled graph for one input size (built and compiled the first time)."""
-        sess = self._sessions.pop(size, None)
-        if sess is None:
-            from ..runtime import load
+        with self._lock:  # a job and serve's detect may share this detector
+            sess = self._sessions.pop(size, None)
+            if sess is None:
+                from ..runtime import load
 
-            sess = load(self.build(*size), backend=self.backend, device=self.device,
-                        **fp32_options(self.backend, self.device))
-        self._sessions[size] = sess  # the most recent last
-        while len(self._sessions) > self.KEEP:
-            # the least recently used let go, not closed: another thread (a job beside a detect) may be running it;
-            # it is freed when the last one holding it lets go
-            self._sessions.pop(next(iter(self._sessions)))
-        return sess
+                sess = load(self.build(*size), backend=self.backend, device=self.device,
+                            **fp32_options(self.backend, self.device))
+            self._sessions[size] = sess  # the most recent last
+            while len(self._sessions) > self.KEEP:
+                # the least recently used let go, not closed: another thread may be running it; it is freed when
+                # the last one holding it lets go
+                self._sessions.pop(next(iter(self._sessions)))
+            return sess
 
     def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
+        with self._lock:
+            for s in self._sessions.values():
+                s.close()
+            self._sessions.clear()
 
     def __enter__(self) -> AnnotatorNet:
         return self
