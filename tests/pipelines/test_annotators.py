@@ -104,3 +104,23 @@ def test_mlsd_thresholds_beyond_float32_draw_nothing_without_a_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert len(decode(out, 1e308, 0.1)) == 0 and len(decode(out, 0.1, 1e308)) == 0
+
+
+def test_a_midas_file_whose_position_grid_is_empty_is_one_line(tmp_path):
+    """A DPT-Hybrid whose pos_embed holds the class token's row alone (no grid) is checked against the published
+    sizes, a one-line ModelError; its empty grid passed the check and broke the graph's build with numpy's
+    ValueError (a traceback, a 500 in serve)."""
+    from midas_helpers import SMALL, make_weights
+    from openpose_helpers import write_pth
+
+    from sdrt.errors import ModelError
+    from sdrt.pipelines.midasdepth import MidasDepth
+
+    register("reference")
+    arrays = make_weights(SMALL)
+    arrays["pretrained.model.pos_embed"] = arrays["pretrained.model.pos_embed"][:, :1]
+    path = write_pth(tmp_path / "dpt_hybrid-midas-501f0c75.pt", arrays)
+    with pytest.raises(ModelError, match="DPT-Hybrid") as e:
+        with MidasDepth(path, backend="reference") as det:
+            det.maps(np.zeros((64, 64, 3), np.uint8))
+    assert "\n" not in str(e.value)
