@@ -124,3 +124,17 @@ def test_a_midas_file_whose_position_grid_is_empty_is_one_line(tmp_path):
         with MidasDepth(path, backend="reference") as det:
             det.maps(np.zeros((64, 64, 3), np.uint8))
     assert "\n" not in str(e.value)
+
+
+def test_a_cut_short_dwpose_graph_is_one_line(tmp_path):
+    """A yolox_l.onnx that is not an ONNX graph (a cut-short download, another file under its name) was
+    protobuf's DecodeError traceback (a crash on the CLI, a 500 in serve)."""
+    from sdrt.errors import ModelError
+    from sdrt.pipelines.posedetect import DWPose
+
+    register("reference")
+    for name in ("yolox_l.onnx", "dw-ll_ucoco_384.onnx"):
+        (tmp_path / name).write_bytes(b"\x0a\xff\xff\xff junk")
+    with pytest.raises(ModelError, match="yolox_l.onnx could not be read as an ONNX graph") as e:
+        DWPose(tmp_path / "yolox_l.onnx", tmp_path / "dw-ll_ucoco_384.onnx", backend="reference")
+    assert "\n" not in str(e.value) and e.value.where == str(tmp_path / "yolox_l.onnx")

@@ -34,6 +34,9 @@ def root(tmp_path_factory) -> Path:
     write_pth(root / DOWNLOADS / "mlsd" / "mlsd_large_512_fp32.pth", {"conv1.weight": np.zeros((2, 3, 1, 1), np.float32)})
     (root / DOWNLOADS / "midas").mkdir(parents=True)
     (root / DOWNLOADS / "midas" / "dpt_hybrid-midas-501f0c75.pt").write_bytes(b"PK\x03\x04 cut short")
+    (root / DOWNLOADS / "openpose").mkdir(parents=True)
+    for name in ("yolox_l.onnx", "dw-ll_ucoco_384.onnx"):  # not ONNX graphs
+        (root / DOWNLOADS / "openpose" / name).write_bytes(b"\x0a\xff\xff\xff junk")
     return root
 
 
@@ -46,7 +49,8 @@ def server(root) -> Iterator[str]:
 
 
 @pytest.mark.parametrize("module,file", [("mlsd", "mlsd/mlsd_large_512_fp32.pth"),
-                                         ("depth", "midas/dpt_hybrid-midas-501f0c75.pt")])
+                                         ("depth", "midas/dpt_hybrid-midas-501f0c75.pt"),
+                                         ("dw_openpose_full", "openpose/yolox_l.onnx")])
 def test_detect_with_a_broken_file_is_a_400(server, root, module, file) -> None:
     r = requests.post(f"{server}/controlnet/detect", json={"controlnet_module": module, "controlnet_processor_res": 64,
                                                            "controlnet_input_images": [_b64(IMAGE)]}, timeout=120)
@@ -57,7 +61,8 @@ def test_detect_with_a_broken_file_is_a_400(server, root, module, file) -> None:
 
 
 @pytest.mark.parametrize("module,file", [("mlsd", "mlsd/mlsd_large_512_fp32.pth"),
-                                         ("normal_map", "midas/dpt_hybrid-midas-501f0c75.pt")])
+                                         ("normal_map", "midas/dpt_hybrid-midas-501f0c75.pt"),
+                                         ("dw_openpose_full", "openpose/yolox_l.onnx")])
 def test_txt2img_unit_with_a_broken_file_names_its_module(server, root, module, file) -> None:
     r = requests.post(f"{server}/sdapi/v1/txt2img", json={
         "prompt": "a room", "steps": 1, "width": 64, "height": 64, "seed": 1, "sd_model_checkpoint": "tiny-cn",
