@@ -37,6 +37,7 @@ def root(tmp_path_factory) -> Path:
     (root / DOWNLOADS / "openpose").mkdir(parents=True)
     for name in ("yolox_l.onnx", "dw-ll_ucoco_384.onnx"):  # not ONNX graphs
         (root / DOWNLOADS / "openpose" / name).write_bytes(b"\x0a\xff\xff\xff junk")
+    (root / DOWNLOADS / "openpose" / "body_pose_model.pth").write_bytes(b"never read: the strip is refused first")
     return root
 
 
@@ -72,3 +73,13 @@ def test_txt2img_unit_with_a_broken_file_names_its_module(server, root, module, 
     assert r.json()["field"] == "alwayson_scripts.controlnet.args[0].module", r.text
     message = r.json()["message"]
     assert f"<models>/../{DOWNLOADS.as_posix()}/{file}" in message and str(root) not in message, message
+
+
+@pytest.mark.parametrize("module", ["openpose", "dw_openpose_full"])
+def test_detect_of_a_strip_the_resolution_cannot_take_is_a_400(server, module) -> None:
+    """A 300x1 strip at processor resolution 64 would be 19200 pixels long: the pose modules' detect answered a 500
+    (the other modules a 400 naming the image)."""
+    strip = np.random.default_rng(1).integers(0, 256, (1, 300, 3), dtype=np.uint8)
+    r = requests.post(f"{server}/controlnet/detect", json={"controlnet_module": module, "controlnet_processor_res": 64,
+                                                           "controlnet_input_images": [_b64(strip)]}, timeout=120)
+    assert r.status_code == 400 and r.json()["field"] == "controlnet_input_images[0]", r.text

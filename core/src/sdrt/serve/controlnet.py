@@ -599,6 +599,8 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
         if files is not None and pre in ("dw_openpose_full", "openpose"):
             try:
                 made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
+            except InputError as exc:  # a picture the resolution cannot take (a strip): the request's, a 400
+                raise _detect_refusal(exc, key, k) from None
             except (ModelError, WeightsError) as exc:
                 raise _file_refusal(exc, files, models, "controlnet_module") from None
             poses.append(pose)
