@@ -48,6 +48,15 @@ def test_a_bad_size_names_the_argument(bad):
     assert e.value.where == "memory" and "8GB" in str(e.value)
 
 
+@pytest.mark.parametrize("bad", [10**400, "9" * 5000])
+def test_a_size_past_floats_range_is_one_short_line(bad):
+    """An int past float's range (the API's memory=10**400) was an OverflowError's traceback; a long value is cut
+    in the message."""
+    with pytest.raises(InputError) as e:
+        parse_memory(bad, "memory")
+    assert e.value.where == "memory" and len(str(e.value)) < 300
+
+
 def test_a_bad_size_on_the_cli_is_one_line(capsys):
     assert main(["generate", str(DATA / "tiny-sd15"), "a fox", "--memory", "8XB", "--dry-run"]) == 1
     err = capsys.readouterr().err

@@ -76,3 +76,32 @@ def test_check_shapes_names_the_missing_or_misshapen_tensor() -> None:
     with pytest.raises(ModelError, match=r"f.pth: a is \(1, 3\), not HED's \(1, 2\)"):
         check_shapes({"a": (1, 3)}, {"a": (1, 2)}, "f.pth", "HED", "pass ControlNetHED.pth")
     assert check_shapes({"module.a": (1, 2)}, {"a": (1, 2)}, "f", "HED", "x") == {"a": "module.a"}
+
+
+def test_annotator_keeps_the_last_few_sizes_compiled(tmp_path) -> None:
+    """A server's requests come in many padded sizes; each compiled graph holds the weights (MiDaS's 490 MB), so
+    only the KEEP most recently used are kept (the list grew without end); a size used again stays, one let go is
+    compiled again when it comes back."""
+    from openpose_helpers import write_pth
+
+    from sdrt.pipelines.netgraph import AnnotatorNet
+
+    class One(AnnotatorNet):
+        def expected(self, shapes):
+            return {"c.weight": (1, 3, 1, 1)}
+
+        def build(self, h, w):
+            net = Net(self.arrays())
+            return net.model("one", {"image": (1, 3, h, w)}, {net.conv("image", "c"): "out"})
+
+    register("reference")
+    path = write_pth(tmp_path / "one.pth", {"c.weight": np.ones((1, 3, 1, 1), np.float32)})
+    with One(path, backend="reference") as det:
+        first = det.session(8, 8)
+        for k in range(1, 12):
+            det.session(8, 8 + k)
+            det.session(8, 8)  # used again each time: kept
+            assert len(det._sessions) <= det.KEEP
+        assert det.session(8, 8) is first and (8, 9) not in det._sessions
+        x = np.ones((1, 3, 8, 9), np.float32)
+        assert np.allclose(det.session(8, 9).run({"image": x})["out"], 3.0)

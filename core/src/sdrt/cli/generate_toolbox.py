@@ -52,7 +52,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "7_model.pth; normal_bae: scannet.pt; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
-                        "file(s); once for all, or per image")
+                        "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
     g.add_argument("--control-pose-models", action="append", default=[], metavar="PATH",
                    help="the older name of --control-preprocessor-models")
     g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",

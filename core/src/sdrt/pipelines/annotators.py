@@ -8,14 +8,15 @@ either layout under it (an A1111 or ComfyUI root, its models folder, the extensi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import os
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["ANNOTATORS", "Files", "find", "layouts", "need"]
+__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "find", "layouts", "need"]
 
 
 @dataclass(frozen=True)
@@ -65,14 +66,25 @@ ANNOTATORS: dict[str, Files] = {
 }
 
 
+#: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas``), before ``annotator/downloads/<folder>``
+OLD_FOLDERS = ("mlsd", "midas")
+
+
 def layouts(files: Files) -> list[str]:
     """The sub-folders (of the folder given) looked in, most specific first."""
-    out = [f"extensions/sd-webui-controlnet/annotator/downloads/{f}" for f in files.folders]
-    out += [f"annotator/downloads/{f}" for f in files.folders]
+    old = [f for f in files.folders if f in OLD_FOLDERS]
+    out = [f"extensions/sd-webui-controlnet/annotator/{f}" for f in old]
+    out += [f"extensions/sd-webui-controlnet/annotator/downloads/{f}" for f in files.folders]
+    out += [f"annotator/{f}" for f in old] + [f"annotator/downloads/{f}" for f in files.folders]
     out += [f"ControlNetPreprocessor/{f}" for f in files.folders]  # Forge's models/ControlNetPreprocessor
     out += [f"custom_nodes/comfyui_controlnet_aux/ckpts/{r}" for r in files.repos]
     out += [f"ckpts/{r}" for r in files.repos] + list(files.repos) + list(files.folders)
     out += [r.rsplit("/", 1)[-1] for r in files.repos]
+    if "lllyasviel/Annotators" in files.repos:  # lllyasviel/ControlNet's annotator/ckpts, where the extension
+        # downloads mlsd and midas from (controlnet_aux keeps that repository's files under ckpts/<repo>/too)
+        out += ["custom_nodes/comfyui_controlnet_aux/ckpts/lllyasviel/ControlNet/annotator/ckpts",
+                "ckpts/lllyasviel/ControlNet/annotator/ckpts", "annotator/ckpts"]
     return list(dict.fromkeys(out))
 
 
@@ -92,8 +104,19 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
         raise InputError(f"{where}: the {name} preprocessor needs {need(name)}", where=where,
                          fix="pass the folder that holds " + ("them (or the files)" if len(files.names) > 1 else
                                                                "it (or the file)"))
-    if not isinstance(models, (str, Path)):
-        given = [Path(p) for p in models]
+    if isinstance(models, (str, os.PathLike)) and not os.fspath(models):
+        raise InputError(f"{where} is an empty path", where=where, fix=f"pass the folder that holds {need(name)}")
+    if not isinstance(models, (str, os.PathLike)):
+        # a number, bytes or a mapping would be read item by item (or fail in Path() with a traceback)
+        ok = isinstance(models, Iterable) and not isinstance(models, (bytes, bytearray, Mapping))
+        items = list(models) if ok else []
+        if not ok or not all(isinstance(p, (str, os.PathLike)) and os.fspath(p) for p in items):
+            bad = models if not ok else next(p for p in items if not isinstance(p, (str, os.PathLike))
+                                             or not os.fspath(p))
+            raise InputError(f"{where} must be a folder, a file or a list of files (str or Path), got "
+                             f"{type(bad).__name__} {bad!r:.40}", where=where,
+                             fix=f"pass the folder that holds {need(name)}")
+        given = [Path(p) for p in items]
         for f in given:
             if not f.is_file():
                 raise InputError(f"{where}: {f} is not a file", where=where, fix=f"pass {need(name)}")

@@ -63,11 +63,14 @@ def parse_memory(value: Any, where: str = "memory") -> int:
     if isinstance(value, bool):
         raise InputError(f"{where} must be a size, got {value!r}", where=where, fix=fix)
     if isinstance(value, numbers.Real):  # numpy's integers and floats too
-        number, unit = float(value), ""
+        try:
+            number, unit = float(value), ""
+        except OverflowError:  # an int (or Fraction) past float's range: above any size taken
+            number, unit = math.inf, ""
     elif isinstance(value, str) and (m := _SIZE.match(value)):
         number, unit = float(m.group(1)), m.group(2).lower()
     else:
-        raise InputError(f"cannot read the memory size {value!r}", where=where, fix=fix)
+        raise InputError(f"cannot read the memory size {value!r:.40}", where=where, fix=fix)
     if unit not in _UNITS:
         raise InputError(f"unknown unit {unit!r} in the memory size {value!r}", where=where, fix=fix)
     size = number * _UNITS[unit]
@@ -75,7 +78,7 @@ def parse_memory(value: Any, where: str = "memory") -> int:
         what = ("not a size" if not math.isfinite(size) else
                 "above 1 EiB (no machine has it; leave it out for the device's own memory)" if size > 2**60 else
                 "below 1 KiB" + (" (a size without a unit is in bytes)" if not unit else ""))
-        raise InputError(f"the memory size {value!r} is {what}", where=where, fix=fix)
+        raise InputError(f"the memory size {value!r:.40} is {what}", where=where, fix=fix)
     return int(size)
 
 

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from ..errors import FileChanged, InputError, ModelError, WeightsError
 from .controlmaps import finite_number
 from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, threshold_fields
 from .preprocessors import preprocess as _preprocess
@@ -441,9 +441,16 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
     seed = unit.seed if unit.seed is not None else unit.run_seed
     try:
         if unit.preprocessor in WITH_MODELS:
-            return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed,
-                               models=unit.preprocessor_models, backend=unit.pose_backend or "auto",
-                               device=unit.pose_device, where=f"{where} {unit.models_arg}")
+            try:
+                return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed,
+                                   models=unit.preprocessor_models, backend=unit.pose_backend or "auto",
+                                   device=unit.pose_device, where=f"{where} {unit.models_arg}")
+            except (ModelError, WeightsError) as exc:
+                # a file that is not the model (another network, a truncated download): its message names the
+                # file; where it was given is the unit's argument (serve's unit field, the CLI's flag), not the path
+                if isinstance(exc, FileChanged) or not exc.where or not os.path.isfile(exc.where):
+                    raise
+                raise type(exc)(exc.what, where=f"{where} {unit.models_arg}", fix=exc.fix) from None
         return preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
     except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
         threshold = getattr(exc, "threshold", None)

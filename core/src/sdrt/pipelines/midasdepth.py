@@ -146,7 +146,7 @@ def sizes(shapes: Mapping[str, Sequence[int]]) -> dict[str, Any]:
     except (KeyError, IndexError):
         return dict(PUBLISHED)
     if size["depth"] <= max(HOOKS) or size["embed"] % HEAD_DIM or size["stem"] % GROUPS \
-            or any(c % (4 * GROUPS) for c in size["channels"]):
+            or any(c % (4 * GROUPS) for c in size["channels"]) or size["grid"] < 1:  # a class token alone
         return dict(PUBLISHED)
     return size
 

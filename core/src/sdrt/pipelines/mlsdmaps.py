@@ -192,7 +192,9 @@ def decode(out: np.ndarray, value_threshold: float = 0.1, distance_threshold: fl
     start, end = disp[:, :, :2], disp[:, :, 2:]
     dist = np.sqrt(np.sum((start - end) ** 2, axis=-1))
     ys, xs = order // w, order % w
-    ok = (scores > np.float32(value_threshold)) & (dist[ys, xs] > np.float32(distance_threshold))
+    with np.errstate(over="ignore"):  # a threshold beyond float32 (1e308) is infinite there, no line: no warning
+        v, d = np.float32(value_threshold), np.float32(distance_threshold)
+    ok = (scores > v) & (dist[ys, xs] > d)
     ys, xs = ys[ok], xs[ok]
     seg = disp[ys, xs].astype(np.float64)
     seg[:, 0::2] += xs[:, None]

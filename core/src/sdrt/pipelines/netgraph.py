@@ -16,13 +16,14 @@ input size (:class:`AnnotatorNet`).
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from ..errors import InputError, ModelError, SdrtError
 
 __all__ = ["AnnotatorNet", "Net", "check_shapes", "fp32_options"]
 
@@ -245,7 +246,7 @@ def fp32_options(backend: str, device: Any) -> dict[str, Any]:
 
 class AnnotatorNet:
     """A preprocessor's network file compiled on one backend (in float32: :func:`fp32_options`), one session per
-    input size.
+    input size (the :attr:`KEEP` used last are kept).
 
     Subclasses set ``WHAT`` (how errors name the model, e.g. "OpenPose's body model") and ``FIX`` (what to pass
     instead), and implement :meth:`expected` (the bare tensor names and shapes, from the file's shapes when the
@@ -253,6 +254,9 @@ class AnnotatorNet:
 
     WHAT = "the preprocessor's model"
     FIX = "pass the model file the preprocessor names"
+    #: the input sizes whose compiled graphs are kept, the most recently used: each holds the weights (MiDaS's
+    #: 490 MB), and a server's requests come in many sizes
+    KEEP = 4
 
     def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
         from ..weights import Weights
@@ -265,12 +269,17 @@ class AnnotatorNet:
         except InputError:
             raise
         except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({type(exc).__name__}: "
-                             f"{exc})", where=where, fix=self.FIX) from None
+            # sdrt's own error by its what alone: its "Where: ... What to do: ..." inside this one's said it twice
+            said = (exc.what + (f"; {exc.fix}" if exc.fix else "") if isinstance(exc, SdrtError) else
+                    f"{type(exc).__name__}: {exc}")
+            raise ModelError(f"{where} could not be read as a PyTorch or safetensors file ({said})", where=where,
+                             fix=self.FIX) from None
         shapes = self.weights.shapes()
         self.names = check_shapes(shapes, self.expected(shapes), where, self.WHAT, self.FIX, self.strip)
         self.backend, self.device = backend, device
         self._sessions: dict[tuple[int, ...], Any] = {}
+        # its own name: a subclass's lock around a whole run (Depth Anything's) calls session() while holding it
+        self._session_lock = threading.RLock()
         self._arrays: dict[str, np.ndarray] | None = None
 
     def strip(self, name: str) -> str:
@@ -291,18 +300,25 @@ class AnnotatorNet:
 
     def session(self, *size: int) -> Any:
         """The compiled graph for one input size (built and compiled the first time)."""
-        sess = self._sessions.get(size)
-        if sess is None:
-            from ..runtime import load
+        with self._session_lock:  # a job and serve's detect may share this detector
+            sess = self._sessions.pop(size, None)
+            if sess is None:
+                from ..runtime import load
 
-            sess = self._sessions[size] = load(self.build(*size), backend=self.backend, device=self.device,
-                                               **fp32_options(self.backend, self.device))
-        return sess
+                sess = load(self.build(*size), backend=self.backend, device=self.device,
+                            **fp32_options(self.backend, self.device))
+            self._sessions[size] = sess  # the most recent last
+            while len(self._sessions) > self.KEEP:
+                # the least recently used let go, not closed: another thread may be running it; it is freed when
+                # the last one holding it lets go
+                self._sessions.pop(next(iter(self._sessions)))
+            return sess
 
     def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
+        with self._session_lock:
+            for s in self._sessions.values():
+                s.close()
+            self._sessions.clear()
 
     def __enter__(self) -> AnnotatorNet:
         return self

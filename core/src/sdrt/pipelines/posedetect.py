@@ -305,7 +305,13 @@ def _static(path: str | Path, kind: str) -> dict[str, int] | None:
     """Batch dims pinned to 1 (the files are exported with a symbolic batch, or none)."""
     import onnx
 
-    m = onnx.load(str(path), load_external_data=False)
+    try:
+        m = onnx.load(str(path), load_external_data=False)
+    except Exception as exc:  # noqa: BLE001 - protobuf's DecodeError and the like: a cut-short or other file
+        from ..errors import ModelError
+
+        raise ModelError(f"{path} could not be read as an ONNX graph ({type(exc).__name__}: {str(exc):.80})",
+                         where=str(path), fix=f"download DWPose's {kind} again (yzd-v/DWPose)") from None
     dims = {}
     for inp in m.graph.input:
         for d in inp.type.tensor_type.shape.dim:

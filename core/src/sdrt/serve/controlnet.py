@@ -17,7 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError
+from ..errors import FileChanged, InputError, ModelError, SdrtError, WeightsError
 from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
 from ..pipelines.preprocessors import WITH_MODELS
@@ -268,7 +268,8 @@ def script(body: dict[str, Any], notes: list[str] | None = None) -> tuple[str, d
 def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixels: int,
           init_image: Any, hires: bool, max_res: int = 2048) -> tuple[list[Any], list[str], list[str], dict[str, str]]:
     """``(sdrt ControlNet units, not honoured, ignored fields, {pipeline argument: request field})`` of a request's
-    ``alwayson_scripts``; ``init_image``: img2img's init image as sent (a Pillow image), None for txt2img."""
+    ``alwayson_scripts`` (the fields also map the server path of each unit's preprocessor file to its name as the
+    admin names it, ``<models>/../extensions/...``: the job's refusal says it so); ``init_image``: img2img's init image as sent (a Pillow image), None for txt2img."""
     from ..pipelines.controlnet import ControlNet
 
     notes: list[str] = []
@@ -299,9 +300,13 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         # the pipeline names a unit's thresholds "controlnets[k] low" / "high": the unit's threshold_a / threshold_b
         fields[f"controlnets[{len(out)}] low"] = f"{where}.threshold_a"
         fields[f"controlnets[{len(out)}] high"] = f"{where}.threshold_b"
+        # a file of its preprocessor that is not the model: the module that chose it
+        fields[f"controlnets[{len(out)}] preprocessor_models"] = f"{where}.module"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
         fields[f"controlnets[{len(out)}] control_mask"] = f"{where}.mask"
         out.append(made)
+        for f in made.preprocessor_models or ():  # a refusal of the file says it as the admin names it
+            fields[str(f)] = admin_paths(str(f), registry.models_dir)
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it
             fields.setdefault("control_mask", f"{where}.mask")
     return out, notes, ignored, fields
@@ -565,7 +570,7 @@ def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -
             return find(pre, root, field)
         except InputError:
             continue
-    subs = layouts(ANNOTATORS[pre])
+    subs = [s for s in layouts(ANNOTATORS[pre]) if "/downloads/" in s or s.startswith("custom_nodes/")]
     comfy = next(s for s in subs if s.startswith("custom_nodes/"))
     where = " or ".join(f"{r}/{{{', '.join(subs[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
         or "no models folder"
@@ -627,7 +632,12 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
         if files is not None and pre in ("dw_openpose_full", "openpose"):
-            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
+            try:
+                made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
+            except InputError as exc:  # a picture the resolution cannot take (a strip): the request's, a 400
+                raise _detect_refusal(exc, key, k) from None
+            except (ModelError, WeightsError) as exc:
+                raise _file_refusal(exc, files, models, "controlnet_module") from None
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
             continue
@@ -638,8 +648,34 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
                               device=device, where="controlnet_module")
         except InputError as exc:  # a slider in range the picture cannot take: the request's, a 400
             raise _detect_refusal(exc, key, k) from None
+        except (ModelError, WeightsError) as exc:
+            raise _file_refusal(exc, files or (), models, "controlnet_module") from None
         out.append(base64.b64encode(encode_png(made)).decode("ascii"))
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
+
+
+def admin_paths(text: str, models: Path | None) -> str:
+    """``text`` with the server's paths under the models folder (or the folder above it, where the extension's and
+    ComfyUI's layouts are) written as the admin names them, ``<models>/...`` and ``<models>/../...``."""
+    if models is None:
+        return text
+    import os
+
+    for folder, name in ((Path(models), "<models>"), (Path(models).parent, "<models>/..")):
+        for sep in {os.sep, "/"}:
+            if str(folder).rstrip(sep):  # a folder at the root would take every "/" away
+                text = text.replace(str(folder).rstrip(sep) + sep, name + "/")
+    return text
+
+
+def _file_refusal(exc: SdrtError, files: tuple[Path, ...], models: Path | None, field: str) -> ApiError:
+    """A preprocessor's file on the server that is not its model (another network, a truncated download): a 400
+    naming the request's module field, the file as the admin names it (as a missing one is); an error that is not
+    about those files goes on as it was."""
+    if isinstance(exc, FileChanged) or str(exc.where) not in {str(f) for f in files}:
+        raise exc
+    text = exc.what + (f"; {exc.fix}" if exc.fix else "")
+    return ApiError(400, f"{field}: {admin_paths(text, models)}", field=field)
 
 
 def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
