@@ -617,3 +617,13 @@ def test_generate_adds_png_to_a_name_without_a_suffix_as_the_other_commands_do(t
     err = capsys.readouterr().err
     assert "names a folder, not a file" in err and "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["many-1.png", "many-2.png", "noext.png"]
+
+
+def test_a_folder_no_file_can_be_made_in_is_refused_before_the_run(capsys):
+    """`-o /proc/x.png` passed the permission check (root may "write" /proc) and failed after the whole run."""
+    if not os.path.isdir("/proc/self"):
+        pytest.skip("no /proc here")
+    assert main(["generate", "a fox", "--steps", "1", "-o", "/proc/x.png"]) == 1
+    err = capsys.readouterr().err
+    assert "cannot write into the folder /proc" in err and "Where: --output." in err and "backend" not in err
+    assert not [n for n in os.listdir("/proc") if n.startswith(".sdrt-probe")]

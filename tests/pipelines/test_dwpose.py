@@ -177,8 +177,15 @@ def test_layouts_found(tmp_path):
 def test_unit_needs_pose_models():
     from sdrt.pipelines.controlnet import ControlNet, parse_units
 
-    with pytest.raises(InputError, match="pose_models"):
+    with pytest.raises(InputError, match="controlnets.0. preprocessor_models: the dw_openpose_full preprocessor"):
         parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full")])
+    # the older name is named as the caller gave it, and both at once are refused
+    with pytest.raises(InputError, match="controlnets.0. pose_models: no yolox_l.onnx"):
+        parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full",
+                                pose_models="/nonexistent")])
+    with pytest.raises(InputError, match="both preprocessor_models and pose_models"):
+        parse_units([ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor="dw_openpose_full",
+                                pose_models="/a", preprocessor_models="/b")])
 
 
 def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
@@ -215,7 +222,7 @@ def test_dw_openpose_full_in_a_controlnet_run_and_on_the_command_line(refs, mode
     capsys.readouterr()
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--control-pose-models" in err, err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err, err
     assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no yolox_l.onnx and dw-ll_ucoco_384.onnx in {tmp_path}" in err, err

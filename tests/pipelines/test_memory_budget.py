@@ -41,7 +41,7 @@ def test_sizes_read_in_si_and_binary_units():
     assert parse_memory(4096) == 4096
 
 
-@pytest.mark.parametrize("bad", ["lots", "8XB", "-1GB", "8", "", True, None, "nanGB"])
+@pytest.mark.parametrize("bad", ["lots", "8XB", "-1GB", "8", "", True, None, "nanGB", "1e308", 1e308, "2000000TB"])
 def test_a_bad_size_names_the_argument(bad):
     with pytest.raises(InputError) as e:
         parse_memory(bad, "memory")

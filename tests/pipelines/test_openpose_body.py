@@ -156,7 +156,11 @@ def test_openpose_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_
     capsys.readouterr()
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--control-pose-models" in err and "body_pose_model.pth" in err, err
-    assert main([*args, "--control-pose-models", str(tmp_path), "-o", str(out)]) == 1
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and f"no body_pose_model.pth in {tmp_path}" in err, err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "body_pose_model.pth" in err, err
+    for flag in ("--control-pose-models", "--control-preprocessor-models"):  # each named as given
+        assert main([*args, flag, str(tmp_path), "-o", str(out)]) == 1
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and f"no body_pose_model.pth in {tmp_path}" in err and f"Where: {flag}." in err, err
+    assert main([*args, "--control-pose-models", str(tmp_path), "--control-preprocessor-models", str(tmp_path),
+                 "-o", str(out)]) == 1
+    assert "both --control-preprocessor-models and --control-pose-models" in capsys.readouterr().err

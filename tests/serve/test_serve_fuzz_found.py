@@ -297,3 +297,25 @@ def test_a_content_length_of_a_superscript_digit_is_refused() -> None:
     with pytest.raises(ApiError) as info:
         asyncio.run(read_body(request, 1000))
     assert info.value.status == 400
+
+
+def test_a_broken_exif_block_reads_as_no_rotation_without_warnings_in_the_log() -> None:
+    """An upload whose EXIF block is cut short put Pillow's "Corrupt EXIF data" UserWarnings in the server's log
+    (from the open and from exif_transpose); the picture reads as no rotation, as Pillow and A1111 read it."""
+    import io
+    import warnings
+
+    pytest.importorskip("PIL")
+    from PIL import Image
+
+    from sdrt.serve.b64images import open_image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (8, 6), (200, 10, 10)).save(buf, "JPEG")
+    exif = b"Exif\x00\x00II*\x00\x08\x00\x00\x00\xff\xff" + b"\x01" * 20  # 65535 entries, 20 bytes of them
+    jpeg = buf.getvalue()
+    broken = jpeg[:2] + b"\xff\xe1" + (len(exif) + 2).to_bytes(2, "big") + exif + jpeg[2:]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        img = open_image(broken, "init_images[0]", 10**6)
+    assert img.size == (8, 6)

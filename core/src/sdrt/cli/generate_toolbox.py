@@ -18,6 +18,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..pipelines.preprocessors import NAMES as PREPROCESSORS
+from ..pipelines.preprocessors import WITH_MODELS
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -40,12 +41,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-preprocessor", action="append", default=[], choices=list(PREPROCESSORS),
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
-                   "dw_openpose_full and openpose read --control-pose-models")
+                   "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
+    g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
+                   help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
+                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; ...), or an A1111 or "
+                        "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
+                        "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
+                        "file(s); once for all, or per image")
     g.add_argument("--control-pose-models", action="append", default=[], metavar="PATH",
-                   help="the pose preprocessors' files: the folder holding dw_openpose_full's yolox_l.onnx and "
-                        "dw-ll_ucoco_384.onnx or openpose's body_pose_model.pth (or sd-webui-controlnet's "
-                        "annotator/downloads/openpose under it, or ComfyUI's custom_nodes/comfyui_controlnet_aux/ckpts/"
-                        "yzd-v/DWPose, resp. .../ckpts/lllyasviel/Annotators); once for all, or per image")
+                   help="the older name of --control-preprocessor-models")
     g.add_argument("--control-threshold-a", action="append", type=float, default=[], metavar="A",
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
@@ -219,7 +223,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
                      "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
-                     "control_pose_models", "guess_mode"):
+                     "control_preprocessor_models", "control_pose_models", "guess_mode"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -240,7 +244,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         args._names.update({
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
-                              ("hr_option", "--control-hr-option"), ("pose_models", "--control-pose-models"),
+                              ("hr_option", "--control-hr-option"),
                               ("control_mask", "--control-mask"))})
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         from ..pipelines.images import _missing
@@ -299,28 +303,30 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
             check_thresholds(pre or "none", low, high, "", ("--control-threshold-a", "--control-threshold-b"))
-        poses = _per_unit(args.control_pose_models, n, "--control-pose-models")
-        from ..pipelines.posedetect import find_files
-        from ..pipelines.preprocessors import WITH_MODELS
+        if args.control_pose_models and args.control_preprocessor_models:
+            raise InputError("both --control-preprocessor-models and --control-pose-models are given",
+                             where="--control-pose-models",
+                             fix="pass --control-preprocessor-models alone (--control-pose-models is its older name)")
+        mflag = "--control-pose-models" if args.control_pose_models else "--control-preprocessor-models"
+        given = args.control_pose_models or args.control_preprocessor_models
+        for k in range(n):
+            args._names[f"controlnets[{k}] pose_models"] = mflag if n == 1 else f"the {_ordinal(k + 1)} {mflag}"
+            args._names[f"controlnets[{k}] preprocessor_models"] = args._names[f"controlnets[{k}] pose_models"]
+        poses = _per_unit(given, n, mflag)
+        from ..pipelines.annotators import need
+        from ..pipelines.preprocessors import model_files
 
-        shared = len(args.control_pose_models) == 1 and any(pre in WITH_MODELS for pre in pres)
+        shared = len(given) == 1 and any(pre in WITH_MODELS for pre in pres)
         for pre, models in zip(pres, poses):  # in the flag's words
             if models is not None and pre not in WITH_MODELS and not shared:
-                raise InputError(f"--control-pose-models is for dw_openpose_full and openpose, and the preprocessor is "
-                                 f"{pre or 'none'}", where="--control-pose-models",
-                                 fix="pass --control-preprocessor dw_openpose_full, or leave --control-pose-models out")
+                raise InputError(f"{mflag} is for the preprocessors that run a model ({', '.join(WITH_MODELS)}), and "
+                                 f"the preprocessor is {pre or 'none'}", where=mflag,
+                                 fix=f"pass --control-preprocessor with one of those, or leave {mflag} out")
             if pre in WITH_MODELS:
                 if models is None:
-                    need = ("body_pose_model.pth" if pre == "openpose" else
-                            "DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx")
-                    raise InputError(f"{pre} needs {need}", where=f"--control-preprocessor {pre}",
-                                     fix="pass --control-pose-models FOLDER holding them")
-                if pre == "openpose":
-                    from ..pipelines.openposebody import find_file
-
-                    find_file(models, what="--control-pose-models")
-                else:
-                    find_files(models, what="--control-pose-models")
+                    raise InputError(f"{pre} needs {need(pre)}", where=f"--control-preprocessor {pre}",
+                                     fix=f"pass {mflag} FOLDER holding them")
+                model_files(pre, models, mflag)
         backend = getattr(args, "backend", None) or "auto"
         units = []
         for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm in zip(
@@ -335,7 +341,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     1.0 if end is None else end, pre or "none", resize or "Crop and Resize",
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
-                                    inpaint_crop=crop != "off", hr_option=hr or "Both", pose_models=pm,
+                                    inpaint_crop=crop != "off", hr_option=hr or "Both", preprocessor_models=pm,
                                     pose_backend=backend))
         opts["controlnets"] = units
     _ip_adapters(args, opts)

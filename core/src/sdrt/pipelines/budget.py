@@ -71,9 +71,10 @@ def parse_memory(value: Any, where: str = "memory") -> int:
     if unit not in _UNITS:
         raise InputError(f"unknown unit {unit!r} in the memory size {value!r}", where=where, fix=fix)
     size = number * _UNITS[unit]
-    if not math.isfinite(size) or size < 2**10:
-        what = "not a size" if not math.isfinite(size) else "below 1 KiB" + (" (a size without a unit is in bytes)"
-                                                                             if not unit else "")
+    if not math.isfinite(size) or size < 2**10 or size > 2**60:
+        what = ("not a size" if not math.isfinite(size) else
+                "above 1 EiB (no machine has it; leave it out for the device's own memory)" if size > 2**60 else
+                "below 1 KiB" + (" (a size without a unit is in bytes)" if not unit else ""))
         raise InputError(f"the memory size {value!r} is {what}", where=where, fix=fix)
     return int(size)
 

@@ -130,13 +130,17 @@ class ControlNet:
     inpaint_crop: bool = True
     #: with the hires fix: "Both" passes, "Low res only" (the first), "High res only" (the second); :data:`HR_OPTIONS`
     hr_option: Any = "Both"
-    #: a preprocessor's model files (``dw_openpose_full``: the folder holding DWPose's ``yolox_l.onnx`` and
-    #: ``dw-ll_ucoco_384.onnx``, the extension's ``annotator/downloads/openpose`` or ComfyUI's ``ckpts/yzd-v/DWPose``
-    #: layout under it, or the two files); compiled on ``pose_backend`` (None: the pipeline's backend and device;
-    #: "auto": the best here)
+    #: a model-backed preprocessor's files: the folder holding them (or an A1111 / ComfyUI folder with the
+    #: extension's ``annotator/downloads/<folder>`` or controlnet_aux's ``ckpts/<repo>`` layout under it), the file,
+    #: or the files (:mod:`sdrt.pipelines.annotators` names each preprocessor's); compiled on ``pose_backend``
+    #: (None: the pipeline's backend and device; "auto": the best here)
+    preprocessor_models: Any = None
+    #: the older name of ``preprocessor_models`` (when only the pose preprocessors read files); either may be given
     pose_models: Any = None
     pose_backend: str | None = None
     pose_device: Any = field(default=None, repr=False)  #: filled in by the pipeline with its device
+    #: how the caller named the models ("preprocessor_models", or "pose_models"), for errors
+    models_arg: str = field(default="preprocessor_models", repr=False)
     #: filled in by the pipeline
     part: Part | None = field(default=None, repr=False)
     control: np.ndarray | None = field(default=None, repr=False)
@@ -231,7 +235,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
                                                                  "inpaint_crop", "hr_option", "pose_models",
-                                                                 "pose_backend")})
+                                                                 "preprocessor_models", "pose_backend")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -263,10 +267,20 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
+        arg = "pose_models" if unit.preprocessor_models is None and unit.pose_models is not None else \
+            "preprocessor_models"
+        if unit.preprocessor_models is not None and unit.pose_models is not None \
+                and unit.preprocessor_models is not unit.pose_models:
+            raise InputError(f"{where}: both preprocessor_models and pose_models are given", where=where,
+                             fix="pass preprocessor_models alone (pose_models is its older name)")
+        if unit.preprocessor_models is None:
+            unit.preprocessor_models = unit.pose_models
+        unit.pose_models = unit.preprocessor_models
+        unit.models_arg = arg
         if unit.preprocessor in WITH_MODELS:
-            from .preprocessors import check_pose_files
+            from .preprocessors import model_files
 
-            check_pose_files(unit.preprocessor, unit.pose_models, f"{where} pose_models")
+            model_files(unit.preprocessor, unit.preprocessor_models, f"{where} {arg}")
         unit.control_mode = control_mode(unit.control_mode, f"{where} control_mode")
         unit.hr_option = hr_option(unit.hr_option, f"{where} hr_option")
         if not isinstance(unit.inpaint_crop, (bool, np.bool_)):
@@ -386,9 +400,9 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
     seed = unit.seed if unit.seed is not None else unit.run_seed
     try:
         if unit.preprocessor in WITH_MODELS:
-            return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed, models=unit.pose_models,
-                               backend=unit.pose_backend or "auto", device=unit.pose_device,
-                               where=f"{where} pose_models")
+            return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed,
+                               models=unit.preprocessor_models, backend=unit.pose_backend or "auto",
+                               device=unit.pose_device, where=f"{where} {unit.models_arg}")
         return preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed)
     except cm.ControlImageError as exc:  # named as the caller names the unit, or its threshold ("... low")
         threshold = getattr(exc, "threshold", None)

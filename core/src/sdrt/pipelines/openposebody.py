@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from .netgraph import AnnotatorNet
 
 __all__ = ["BODY_FILE", "OpenPoseBody", "build_graph", "estimate", "find_file", "gaussian3", "lanczos4"]
 
@@ -47,26 +47,9 @@ PAF_CHANNELS = [(12, 13), (20, 21), (14, 15), (16, 17), (22, 23), (24, 25), (0, 
 def find_file(where: str | Path | Sequence[str | Path], *, what: str = "pose_models") -> Path:
     """``body_pose_model.pth``: ``where`` is the file, a folder holding it, or a folder with one of the
     extension's / ComfyUI's layouts under it; an ``InputError`` naming the places looked in otherwise."""
-    from .posedetect import LAYOUTS
+    from .annotators import find
 
-    if not isinstance(where, (str, Path)):
-        files = [Path(p) for p in where]
-        hits = [f for f in files if f.name == BODY_FILE] or [f for f in files if f.suffix == ".pth"]
-        if len(hits) != 1:
-            raise InputError(f"{what}: openpose needs one {BODY_FILE}; given {', '.join(map(str, files)) or 'none'}",
-                             where=what, fix=f"pass {BODY_FILE} or the folder holding it")
-        where = hits[0]
-    base = Path(where)
-    if base.is_file():
-        return base
-    looked = [base] + [base / sub for sub in LAYOUTS] + [base / "ckpts" / "lllyasviel" / "Annotators",
-                                                          base / "lllyasviel" / "Annotators"]
-    for folder in looked:
-        if (folder / BODY_FILE).is_file():
-            return folder / BODY_FILE
-    raise InputError(f"{what}: no {BODY_FILE} in {base} (looked in {', '.join(str(p) for p in looked[:4])} and "
-                     f"{len(looked) - 4} more)", where=what,
-                     fix=f"download {BODY_FILE} (lllyasviel/Annotators) into one of those folders, or pass the file")
+    return find("openpose", where, what)[0]
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -101,78 +84,40 @@ def expected_shapes() -> dict[str, tuple[int, ...]]:
     return out
 
 
-def _names(shapes: Mapping[str, tuple[int, ...]], where: str) -> dict[str, str]:
-    """The file's names for the expected tensors (a ``model0.``-style or ``module.`` prefix is allowed)."""
-    want = expected_shapes()
-    bare = {}
-    for n in shapes:
-        tail = n.split(".")
-        bare[".".join(tail[-2:])] = n
-    missing = [n for n in want if n not in bare]
-    if missing:
-        raise ModelError(f"{where} is not OpenPose's body model ({len(missing)} of its {len(want)} tensors missing, "
-                         f"e.g. {missing[0]})", where=where, fix=f"pass lllyasviel's {BODY_FILE}")
-    for n, shape in want.items():
-        if tuple(shapes[bare[n]]) != shape:
-            raise ModelError(f"{where}: {n} is {tuple(shapes[bare[n]])}, not OpenPose body's {shape}", where=where,
-                             fix=f"pass lllyasviel's {BODY_FILE}")
-    return {n: bare[n] for n in want}
+def _bare(name: str) -> str:
+    """A file's tensor by its bare name (a ``model0.``-style or ``module.`` prefix is allowed)."""
+    return ".".join(name.split(".")[-2:])
 
 
 def build_graph(arrays: Mapping[str, np.ndarray], height: int, width: int) -> Any:
     """The ``onnx.ModelProto`` of the body network for one ``(1, 3, height, width)`` input ``image`` ->
     ``pafs`` (1, 38, h/8, w/8) and ``heatmaps`` (1, 19, h/8, w/8), ``arrays`` by the bare tensor names."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from .netgraph import Net
 
-    nodes: list[Any] = []
-    inits: list[Any] = []
-    count = [0]
+    net = Net(arrays)
 
-    def node(op: str, inputs: list[str], out: str | None = None, **attrs: Any) -> str:
-        count[0] += 1
-        out = out or f"{op.lower()}_{count[0]}"
-        nodes.append(helper.make_node(op, inputs, [out], name=f"{op.lower()}_{count[0]}", **attrs))
-        return out
-
-    def conv(x: str, name: str, relu: bool, out: str | None = None) -> str:
-        w = np.ascontiguousarray(arrays[f"{name}.weight"], np.float32)
-        inits.append(numpy_helper.from_array(w, f"{name}.weight"))
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(arrays[f"{name}.bias"], np.float32), f"{name}.bias"))
-        k = int(w.shape[-1])
-        y = node("Conv", [x, f"{name}.weight", f"{name}.bias"], None if relu else out, pads=[k // 2] * 4,
-                 kernel_shape=[k, k])
-        return node("Relu", [y], out) if relu else y
+    def conv(x: str, name: str, relu: bool) -> str:
+        y = net.conv(x, name)
+        return net.relu(y) if relu else y
 
     t = "image"
     for name, *_ in _layers():
-        t = node("MaxPool", [t], kernel_shape=[2, 2], strides=[2, 2]) if name == "pool" else conv(t, name, True)
-    trunk = t
-    x = trunk
+        t = net.max_pool(t, 2) if name == "pool" else conv(t, name, True)
+    trunk = x = t
+    outs: list[str] = []
     for stage in range(1, 7):
         outs = []
         for limb in (1, 2):
             y = x
             layers = _branch(stage, limb)
             for i, (name, *_) in enumerate(layers):
-                last = i == len(layers) - 1
                 # the extension's no-ReLU list misses Mconv7_stage6_L2: the heatmaps come out through a ReLU
-                relu = not last or (stage == 6 and limb == 2)
-                final = ("pafs" if limb == 1 else "heatmaps") if stage == 6 and last else None
-                y = conv(y, name, relu, final)
+                y = conv(y, name, i < len(layers) - 1 or (stage == 6 and limb == 2))
             outs.append(y)
         if stage < 6:
-            x = node("Concat", [outs[0], outs[1], trunk], axis=1)
-    h8, w8 = height // 8, width // 8
-    graph = helper.make_graph(
-        nodes, "sdrt_openpose_body",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
-        [helper.make_tensor_value_info("pafs", TensorProto.FLOAT, [1, 38, h8, w8]),
-         helper.make_tensor_value_info("heatmaps", TensorProto.FLOAT, [1, 19, h8, w8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-openpose",
-                              ir_version=8)
-    onnx.checker.check_model(model)
-    return model
+            x = net.concat([outs[0], outs[1], trunk])
+    return net.model("sdrt_openpose_body", {"image": (1, 3, height, width)},
+                     {outs[0]: "pafs", outs[1]: "heatmaps"})
 
 
 # ------------------------------------------------------------------------------------------ OpenCV's resizes
@@ -417,53 +362,28 @@ def estimate(heatmaps: np.ndarray, pafs: np.ndarray) -> tuple[np.ndarray, np.nda
 
 
 # ------------------------------------------------------------------------------------------ the detector
-class OpenPoseBody:
+class OpenPoseBody(AnnotatorNet):
     """``body_pose_model.pth`` compiled on one backend per input size; ``people(rgb)`` -> the people found, as
     :class:`sdrt.pipelines.posemaps.Person` with keypoints as fractions of the image (the extension's
     ``detect_poses`` with hands and face off)."""
 
-    def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
-        from ..weights import Weights
+    WHAT = "OpenPose's body model"
+    FIX = f"pass lllyasviel's {BODY_FILE}"
 
-        self.path = Path(path)
-        where = str(self.path)
-        try:
-            self.weights = Weights.open(self.path)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch file ({type(exc).__name__}: {exc})",
-                             where=where, fix=f"pass lllyasviel's {BODY_FILE}") from None
-        self._names = _names(self.weights.shapes(), where)
-        self.backend, self.device = backend, device
-        self._sessions: dict[tuple[int, int], Any] = {}
-        self.files = (self.path,)
+    def strip(self, name: str) -> str:
+        return _bare(name)
 
-    def _session(self, h: int, w: int) -> Any:
-        sess = self._sessions.get((h, w))
-        if sess is None:
-            from ..runtime import load
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        return expected_shapes()
 
-            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
-            sess = self._sessions[(h, w)] = load(build_graph(arrays, h, w), backend=self.backend, device=self.device)
-        return sess
-
-    def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
-
-    def __enter__(self) -> OpenPoseBody:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def build(self, *size: int) -> Any:
+        return build_graph(self.arrays(), *size)
 
     def maps(self, rgb: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """``(heatmaps (H, W, 19), pafs (H, W, 38))`` float64 of an RGB uint8 image, at its size."""
         bgr = np.ascontiguousarray(rgb[:, :, ::-1])
         x, unpadded = prepare(bgr)
-        out = self._session(x.shape[2], x.shape[3]).run({"image": x})
+        out = self.session(x.shape[2], x.shape[3]).run({"image": x})
         h, w = rgb.shape[:2]
         return (upsample(out["heatmaps"][0], unpadded, h, w), upsample(out["pafs"][0], unpadded, h, w))
 

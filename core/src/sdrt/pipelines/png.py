@@ -211,7 +211,25 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     if not os.access(target.parent, os.W_OK | os.X_OK):  # the new file is made there, then renamed
         raise PngError(f"cannot write into the folder {target.parent}: it is not writable", where=where,
                        fix="pick a folder you can write to")
+    _probe(target.parent, where)
     return target
+
+
+def _probe(folder: Path, where: str) -> None:
+    """Create and remove a file in ``folder``: permissions can say yes where no file can be made (``/proc``,
+    ``/sys``, a read-only mount, a full disk's inode table), which would otherwise be found after the run."""
+    import tempfile
+
+    try:
+        fd, name = tempfile.mkstemp(dir=folder, prefix=".sdrt-probe-")
+    except OSError as exc:
+        raise PngError(f"cannot write into the folder {folder} ({exc.strerror or exc})", where=where,
+                       fix="pick a folder you can write to") from None
+    os.close(fd)
+    try:
+        os.unlink(name)
+    except OSError:
+        pass
 
 
 def write_file(path: str | os.PathLike[str], data: bytes | memoryview) -> Path:

@@ -32,7 +32,6 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InputError
 from .cvresize import resample
 
 __all__ = ["DET_FILE", "POSE_FILE", "DWPose", "find_files", "letterbox", "warp_affine"]
@@ -41,47 +40,18 @@ DET_FILE = "yolox_l.onnx"
 POSE_FILE = "dw-ll_ucoco_384.onnx"
 DET_SIZE = (640, 640)
 POSE_SIZE = (288, 384)  # (w, h)
-#: where sd-webui-controlnet and ComfyUI's controlnet_aux keep the two files, under their models folders
-LAYOUTS = (
-    "extensions/sd-webui-controlnet/annotator/downloads/openpose",
-    "extensions/sd-webui-controlnet/annotator/downloads/dwpose",
-    "annotator/downloads/openpose",
-    "custom_nodes/comfyui_controlnet_aux/ckpts/yzd-v/DWPose",
-    "ckpts/yzd-v/DWPose",
-    "yzd-v/DWPose",
-    "openpose",
-    "dwpose",
-    "DWPose",
-)
 _MEAN = np.array([123.675, 116.28, 103.53])
 _STD = np.array([58.395, 57.12, 57.375])
 
 
 # ------------------------------------------------------------------------------------------ files
 def find_files(where: str | Path | Sequence[str | Path], *, what: str = "dwpose") -> tuple[Path, Path]:
-    """``(yolox_l.onnx, dw-ll_ucoco_384.onnx)``: ``where`` is a folder holding both (or one of the layouts
-    above under it), or the two files; an ``InputError`` naming every place looked in when they are not there."""
-    if isinstance(where, (str, Path)):
-        base = Path(where)
-        if base.is_file():
-            raise InputError(f"{what}: {base} is one file; DWPose needs {DET_FILE} and {POSE_FILE}", where=what,
-                             fix="pass the folder that holds both, or the two files")
-        looked = [base] + [base / sub for sub in LAYOUTS]
-        for folder in looked:
-            det, pose = folder / DET_FILE, folder / POSE_FILE
-            if det.is_file() and pose.is_file():
-                return det, pose
-        raise InputError(f"{what}: no {DET_FILE} and {POSE_FILE} in {base} (looked in "
-                         f"{', '.join(str(p) for p in looked[:4])} and {len(looked) - 4} more)", where=what,
-                         fix="download them (yzd-v/DWPose) into one of those folders, or pass the two files")
-    files = [Path(p) for p in where]
-    if len(files) != 2:
-        raise InputError(f"{what}: {len(files)} files given; DWPose needs two, {DET_FILE} and {POSE_FILE}",
-                         where=what, fix="pass the detector and the pose model, in that order, or their folder")
-    for f in files:
-        if not f.is_file():
-            raise InputError(f"{what}: {f} is not a file", where=what, fix=f"pass {DET_FILE} and {POSE_FILE}")
-    return files[0], files[1]
+    """``(yolox_l.onnx, dw-ll_ucoco_384.onnx)``: ``where`` is a folder holding both (or one of the extension's /
+    ComfyUI's layouts under it), or the two files; an ``InputError`` naming every place looked in otherwise."""
+    from .annotators import find
+
+    det, pose = find("dw_openpose_full", where, what)
+    return det, pose
 
 
 # ------------------------------------------------------------------------------------------ OpenCV's resamplers

@@ -43,7 +43,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -65,7 +65,7 @@ class Spec:
     low: Slider | None = None
     high: Slider | None = None
     seeded: bool = False
-    #: made by a model whose files the caller names (``models=``): DWPose's two ONNX files
+    #: made by a model whose files the caller names (``models=``; :mod:`sdrt.pipelines.annotators` says which)
     models: bool = False
 
 
@@ -162,7 +162,7 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
     once per files (of one version), backend and device, and kept (one a backend and device)."""
     from .posedetect import DWPose
 
-    files = check_pose_files("dw_openpose_full", models, where)
+    files = model_files("dw_openpose_full", models, where)
     return _kept("dw_openpose_full", files, backend, device, lambda be, dev: DWPose(files[0], files[1], backend=be,
                                                                                    device=dev))
 
@@ -188,22 +188,15 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
         return _DWPOSE[key]
 
 
-def check_pose_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
-    """The files ``name`` runs, found in ``models`` (``openpose``: its ``.pth``; DWPose: its two graphs); an
-    ``InputError`` naming ``where`` when they are not there."""
-    if name == "openpose":
-        from .openposebody import BODY_FILE, find_file
+def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
+    """The files model-backed preprocessor ``name`` reads, found in ``models`` (the file, the files, or a folder in
+    the extension's / ComfyUI's layout: :mod:`sdrt.pipelines.annotators`); an ``InputError`` naming ``where``."""
+    from .annotators import find
 
-        if models is None:
-            raise InputError(f"{where}: the openpose preprocessor needs {BODY_FILE}", where=where,
-                             fix="pass the folder that holds it (or the file)")
-        return (find_file(models, what=where),)
-    from .posedetect import find_files
+    return find(name, models, where)
 
-    if models is None:
-        raise InputError(f"{where}: the {name} preprocessor needs DWPose's yolox_l.onnx and dw-ll_ucoco_384.onnx",
-                         where=where, fix="pass the folder that holds them (or the two files)")
-    return find_files(models, what=where)
+
+check_pose_files = model_files  # the name it had when only the pose preprocessors read files
 
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
@@ -211,7 +204,7 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     holding it in the extension's layout), kept as :func:`dwpose`'s are."""
     from .openposebody import OpenPoseBody
 
-    (path,) = check_pose_files("openpose", models, where)
+    (path,) = model_files("openpose", models, where)
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 

@@ -51,15 +51,18 @@ def open_image(raw: bytes, field: str, max_pixels: int) -> Any:
             # Pillow's DecompressionBombWarning (two lines in the server's log from 89 million pixels): the limit
             # here is max_pixels, checked from the header before the pixels are decoded
             warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+            # a client's broken EXIF block reads as no rotation, as Pillow does, without its "Corrupt EXIF data"
+            # warnings (from the open, the load and the transpose) in the server's log
+            warnings.simplefilter("ignore", UserWarning)
             img = Image.open(io.BytesIO(raw))
             w, h = img.size
             if w * h > max_pixels:
                 raise ApiError(400, f"{field} is {w}x{h}, above this server's limit of {max_pixels} pixels",
                                field=field)
             img.load()
-        from PIL import ImageOps
+            from PIL import ImageOps
 
-        img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
+            img = ImageOps.exif_transpose(img)  # A1111's decode_base64_to_image reads with images.read: fix_image
     except ApiError:
         raise
     except Exception as exc:  # noqa: BLE001 - the client's bytes: Pillow's decoders raise more than OSError and

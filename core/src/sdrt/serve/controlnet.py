@@ -496,7 +496,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
-    extra = {"pose_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
+    extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
@@ -508,34 +508,24 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
 
 
 def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -> tuple[Path, ...]:
-    """DWPose's two files for ``dw_openpose_full`` (``body_pose_model.pth`` for ``openpose``), found under the
-    models folder (or the folder above it, an A1111 or ComfyUI root) in sd-webui-controlnet's or ComfyUI's layout;
-    a 400 naming where it looked otherwise."""
-    from ..pipelines.posedetect import DET_FILE, LAYOUTS, POSE_FILE, find_files
+    """The files model-backed preprocessor ``pre`` reads (:data:`sdrt.pipelines.annotators.ANNOTATORS`), found
+    under the models folder (or the folder above it, an A1111 or ComfyUI root) in sd-webui-controlnet's or
+    ComfyUI's layout; a 400 naming where it looked otherwise (the folders as the admin names them: no server path)."""
+    from ..pipelines.annotators import ANNOTATORS, find, layouts, need
 
     roots = [] if models is None else [Path(models), Path(models).parent]
-    if pre == "openpose":
-        from ..pipelines.openposebody import BODY_FILE, find_file
-
-        for root in roots:
-            try:
-                return (find_file(root, what=field),)
-            except InputError:
-                continue
-        where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
-        or "no models folder"  # the server's folders as the admin names them: no server path in an answer
-        raise ApiError(400, f"{field}: openpose needs {BODY_FILE}, found in neither {where}; put it in "
-                            f"<models>/{LAYOUTS[0]} (the extension's layout)", field=field)
     for root in roots:
         try:
-            return find_files(root)
+            return find(pre, root, field)
         except InputError:
             continue
-    where = " or ".join(f"{r}/{{{', '.join(LAYOUTS[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
-        or "no models folder"  # the server's folders as the admin names them: no server path in an answer
-    raise ApiError(400, f"{field}: dw_openpose_full needs DWPose's {DET_FILE} and {POSE_FILE}, found in neither "
-                        f"{where}; put them in <models>/{LAYOUTS[0]} (the extension's layout) or <models>/{LAYOUTS[3]}",
-                   field=field)
+    subs = layouts(ANNOTATORS[pre])
+    comfy = next(s for s in subs if s.startswith("custom_nodes/"))
+    where = " or ".join(f"{r}/{{{', '.join(subs[:2])}, ...}}" for r in ("<models>", "<models>/..")[:len(roots)]) \
+        or "no models folder"
+    it = "them" if len(ANNOTATORS[pre].names) > 1 else "it"
+    raise ApiError(400, f"{field}: {pre} needs {need(pre)}, found in neither {where}; put {it} in <models>/{subs[0]} "
+                        f"(the extension's layout) or <models>/{comfy}", field=field)
 
 
 def render_openpose_json(body: Any) -> dict[str, Any]:
