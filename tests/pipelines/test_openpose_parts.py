@@ -21,7 +21,7 @@ from openpose_helpers import make_face_weights, make_hand_weights, make_weights,
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
-from sdrt.pipelines import openposebody, openposeface, openposehand, openposeparts, posemaps  # noqa: E402
+from sdrt.pipelines import annotators, openposebody, openposeface, openposehand, openposeparts, posemaps, preprocessors  # noqa: E402
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "openpose"
 
@@ -47,11 +47,13 @@ def models(tmp_path_factory):
 def found(models, refs):
     """The people sdrt finds on OpenVINO with hands and face (one run of the three networks for every test)."""
     register("openvino")
-    body = openposebody.OpenPoseBody(openposebody.find_file(models), backend="openvino")
-    hand = openposehand.HandNet(openposehand.find_file(models, openposehand.HAND_FILE), backend="openvino")
-    face = openposeface.FaceNet(openposehand.find_file(models, openposeface.FACE_FILE), backend="openvino")
-    with body, hand, face:
-        yield openposeparts.detect(refs["image"], body, hand, face)
+    det = preprocessors.openpose_parts("openpose_full", models, "openvino")  # kept: compiled once for the module
+    assert isinstance(det, openposeparts.OpenPoseParts) and det.drawn == (True, True, True)
+    return openposeparts.detect(refs["image"], det.body, det.hand, det.face)
+
+
+def _file(models, name):
+    return dict((f.name, f) for f in annotators.find("openpose_full", models, "models"))[name]
 
 
 def _points(points, n):
@@ -89,11 +91,12 @@ def test_hand_peaks_equal_the_extension(models, refs):
     three sunk keypoints among them."""
     register("openvino")
     bgr = np.ascontiguousarray(refs["image"][:, :, ::-1])
-    with openposehand.HandNet(openposehand.find_file(models, openposehand.HAND_FILE), backend="openvino") as net:
-        for (_, x, y, side, _), want in zip(refs["hand_boxes"], refs["hand_peaks"]):
-            got = net.peaks(bgr[y:y + side, x:x + side])
-            np.testing.assert_array_equal(got, want)
-            assert 3 <= int((want == 0).all(1).sum()) < 21
+    net = preprocessors.openpose_parts("openpose_hand", models, "openvino").hand  # kept: compiled already
+    assert isinstance(net, openposehand.HandNet)
+    for (_, x, y, side, _), want in zip(refs["hand_boxes"], refs["hand_peaks"]):
+        got = net.peaks(bgr[y:y + side, x:x + side])
+        np.testing.assert_array_equal(got, want)
+        assert 3 <= int((want == 0).all(1).sum()) < 21
 
 
 @pytest.mark.parametrize("name,body,hands,face", [("openpose_hand", True, True, False),
@@ -124,7 +127,7 @@ def test_networks_equal_torch(models, refs, backend):
     x = refs["net_in"]
     for cls, file, key in ((openposehand.HandNet, openposehand.HAND_FILE, "hand_net"),
                            (openposeface.FaceNet, openposeface.FACE_FILE, "face_net")):
-        with cls(openposehand.find_file(models, file), backend=backend) as net:
+        with cls(_file(models, file), backend=backend) as net:
             got = net.run(x)
         want = refs[key]
         assert got.shape == want.shape
@@ -164,11 +167,22 @@ def test_boxes_follow_the_extension():
 
 
 def test_files_and_errors(tmp_path, models):
+    """The files in the extension's layout (and ComfyUI's); one line naming the flag and every file a module needs
+    when one is missing; a file of the other network or no torch file at all: one line naming it."""
     with pytest.raises(InputError) as e:
-        openposehand.find_file(tmp_path, openposehand.HAND_FILE, what="--control-preprocessor-models")
-    assert "no hand_pose_model.pth in" in str(e.value) and "\n" not in str(e.value)
-    assert openposehand.find_file(models, openposeface.FACE_FILE).parent.name == "openpose"
-    hand = openposehand.find_file(models, openposehand.HAND_FILE)
+        annotators.find("openpose_hand", tmp_path, "--control-preprocessor-models")
+    assert "no body_pose_model.pth and hand_pose_model.pth in" in str(e.value) and "\n" not in str(e.value)
+    assert [f.name for f in annotators.find("openpose_face", models, "m")] == ["body_pose_model.pth", "facenet.pth"]
+    assert _file(models, openposeface.FACE_FILE).parent.name == "openpose"
+    comfy = tmp_path / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators"
+    comfy.mkdir(parents=True)
+    for f in annotators.find("openpose_full", models, "m"):
+        (comfy / f.name).symlink_to(f)
+    assert [f.parent for f in annotators.find("openpose_full", tmp_path, "m")] == [comfy] * 3
+    (comfy / "facenet.pth").unlink()
+    with pytest.raises(InputError, match="no body_pose_model.pth and hand_pose_model.pth and facenet.pth in"):
+        preprocessors.preprocess(np.zeros((64, 64, 3), np.uint8), "openpose_full", models=tmp_path)
+    hand = _file(models, openposehand.HAND_FILE)
     with pytest.raises(ModelError, match="not OpenPose's face model"):
         openposeface.FaceNet(hand)
     body = openposebody.find_file(models)
@@ -178,3 +192,30 @@ def test_files_and_errors(tmp_path, models):
     with pytest.raises((ModelError, InputError)) as e:
         openposeface.FaceNet(tmp_path / "facenet.pth")
     assert "\n" not in str(e.value)
+
+
+def test_preprocess_maps_and_json(refs, models):
+    """preprocess() at the image's size makes the extension's map; pose_detect the map and JSON; the modules share
+    their compiled networks (the body's with openpose too)."""
+    register("openvino")
+    image = refs["image"]
+    out = preprocessors.preprocess(image, "openpose_faceonly", resolution=None, models=models, backend="openvino")
+    assert np.array_equal(out, refs["map_openpose_faceonly"])
+    full = preprocessors.openpose_parts("openpose_full", models, "openvino")
+    face = preprocessors.openpose_parts("openpose_face", models, "openvino")
+    hand = preprocessors.openpose_parts("openpose_hand", models, "openvino")
+    assert face.face is full.face and hand.hand is full.hand and hand.face is None and face.hand is None
+    assert full.body is preprocessors.openpose_body(models, "openvino")
+    made, pose = preprocessors.pose_detect(image, full)
+    assert np.array_equal(made, refs["map_openpose_full"])
+    assert json.loads(json.dumps(pose)) == json.loads(str(refs["json"]))
+
+
+def test_units_need_their_files():
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    img = np.zeros((8, 8, 3), np.uint8)
+    for name, files in (("openpose_hand", "body_pose_model.pth and hand_pose_model.pth"),
+                        ("openpose_faceonly", "body_pose_model.pth and facenet.pth")):
+        with pytest.raises(InputError, match=f"preprocessor_models: the {name} preprocessor needs OpenPose's {files}"):
+            parse_units([ControlNet("controlnet", img, preprocessor=name)])

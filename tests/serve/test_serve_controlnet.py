@@ -292,7 +292,8 @@ def test_controlnet_routes(cn_server) -> None:
     plain = get("/controlnet/module_list").json()
     assert plain["module_list"] == ["none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose"]
+                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                    "openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -306,7 +307,9 @@ def test_controlnet_routes(cn_server) -> None:
 
 
 @pytest.mark.parametrize("module, words", [("dw_openpose_full", "needs DWPose's yolox_l.onnx"),
-                                            ("openpose", "needs body_pose_model.pth")])
+                                            ("openpose", "needs body_pose_model.pth"),
+                                            ("openpose_full", "needs OpenPose's body_pose_model.pth and "
+                                                              "hand_pose_model.pth and facenet.pth")])
 def test_pose_modules_without_their_files_say_where_to_put_them_without_server_paths(cn_server, module, words):
     """A pose module whose model files are not under the models folder: a 400 on the module field naming the
     folders looked in as ``<models>`` (the server's own paths stay out of answers, as the request fuzz requires)."""

@@ -34,6 +34,15 @@ ANNOTATORS: dict[str, Files] = {
     "dw_openpose_full": Files(("yolox_l.onnx", "dw-ll_ucoco_384.onnx"), ("openpose", "dwpose"), ("yzd-v/DWPose",),
                               "DWPose's"),
     "openpose": Files(("body_pose_model.pth",), ("openpose",), ("lllyasviel/Annotators",), "OpenPose's body model"),
+    # the body model finds the people, the hand and face models their hands and faces
+    "openpose_hand": Files(("body_pose_model.pth", "hand_pose_model.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                           "OpenPose's"),
+    "openpose_face": Files(("body_pose_model.pth", "facenet.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                           "OpenPose's"),
+    "openpose_faceonly": Files(("body_pose_model.pth", "facenet.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                               "OpenPose's"),
+    "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
+                           ("lllyasviel/Annotators",), "OpenPose's"),
 }
 
 

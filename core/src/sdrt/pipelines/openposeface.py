@@ -91,7 +91,9 @@ class FaceNet(CpmNet):
 
     FILE = FACE_FILE
     OUT = 71
-    WHAT = "face"
+    PART = "face"
+    WHAT = "OpenPose's face model"
+    FIX = f"pass lllyasviel's {FACE_FILE}"
 
     def heatmaps(self, bgr: np.ndarray) -> np.ndarray:
         """The ``(71, H, W)`` float32 heatmaps of a BGR uint8 crop, at its size."""

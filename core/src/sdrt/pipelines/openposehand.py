@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import InputError, ModelError
+from .netgraph import AnnotatorNet
 
-__all__ = ["HAND_FILE", "HandNet", "build_graph", "cpm_shapes", "find_file", "hand_boxes", "label8", "peaks_of"]
+__all__ = ["HAND_FILE", "CpmNet", "HandNet", "build_graph", "cpm_shapes", "hand_boxes", "label8", "peaks_of"]
 
 HAND_FILE = "hand_pose_model.pth"
 SCALES = (0.5, 1.0, 1.5, 2.0)
@@ -37,34 +36,6 @@ BOXSIZE, STRIDE, PAD_VALUE = 368, 8, 128
 WSIZE = 128
 THRESHOLD = 0.05
 PARTS = 21
-
-
-# ------------------------------------------------------------------------------------------ files
-def find_file(where: str | Path | Sequence[str | Path], name: str, *, what: str = "pose_models",
-              module: str = "openpose_hand") -> Path:
-    """``name`` (``hand_pose_model.pth``, ``facenet.pth``): ``where`` is the file, a folder holding it, the list
-    of files, or a folder with one of the extension's / ComfyUI's layouts under it; an ``InputError`` naming the
-    places looked in otherwise."""
-    from .posedetect import LAYOUTS
-
-    if not isinstance(where, (str, Path)):
-        files = [Path(p) for p in where]
-        hits = [f for f in files if f.name == name]
-        if len(hits) != 1:
-            raise InputError(f"{what}: {module} needs one {name}; given {', '.join(map(str, files)) or 'none'}",
-                             where=what, fix=f"pass {name} or the folder holding it")
-        return hits[0]
-    base = Path(where)
-    if base.is_file():
-        base = base.parent
-    looked = [base] + [base / sub for sub in LAYOUTS] + [base / "ckpts" / "lllyasviel" / "Annotators",
-                                                          base / "lllyasviel" / "Annotators"]
-    for folder in looked:
-        if (folder / name).is_file():
-            return folder / name
-    raise InputError(f"{what}: no {name} in {base} (looked in {', '.join(str(p) for p in looked[:4])} and "
-                     f"{len(looked) - 4} more)", where=what,
-                     fix=f"download {name} (lllyasviel/Annotators) into one of those folders")
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -95,117 +66,51 @@ def cpm_shapes(out: int) -> dict[str, tuple[int, ...]]:
     return shapes
 
 
-def names_in(shapes: Mapping[str, tuple[int, ...]], out: int, where: str, what: str, file: str) -> dict[str, str]:
-    """The file's names for the expected tensors (a ``model1_0.``-style or ``module.`` prefix is allowed); a
-    ``ModelError`` naming the file when it is another network."""
-    want = cpm_shapes(out)
-    bare = {".".join(n.split(".")[-2:]): n for n in shapes}
-    missing = [n for n in want if n not in bare]
-    if missing:
-        raise ModelError(f"{where} is not OpenPose's {what} model ({len(missing)} of its {len(want)} tensors "
-                         f"missing, e.g. {missing[0]})", where=where, fix=f"pass lllyasviel's {file}")
-    for n, shape in want.items():
-        if tuple(shapes[bare[n]]) != shape:
-            raise ModelError(f"{where} is not OpenPose's {what} model ({n} is {tuple(shapes[bare[n]])}, not "
-                             f"{shape})", where=where, fix=f"pass lllyasviel's {file}")
-    return {n: bare[n] for n in want}
-
-
 def build_graph(arrays: Mapping[str, np.ndarray], height: int, width: int, out: int, name: str = "hand") -> Any:
     """The ``onnx.ModelProto`` of the hand (``out`` 22) or face (71) network for one ``(1, 3, height, width)``
     input ``image`` -> ``heatmaps`` (1, out, h/8, w/8): every conv but each stage's last through a ReLU, each stage
     after the first reading its predecessor's maps concatenated before the trunk's features."""
-    import onnx
-    from onnx import TensorProto, helper, numpy_helper
+    from .netgraph import Net
 
-    nodes: list[Any] = []
-    inits: list[Any] = []
-    count = [0]
-
-    def node(op: str, inputs: list[str], out_name: str | None = None, **attrs: Any) -> str:
-        count[0] += 1
-        out_name = out_name or f"{op.lower()}_{count[0]}"
-        nodes.append(helper.make_node(op, inputs, [out_name], name=f"{op.lower()}_{count[0]}", **attrs))
-        return out_name
-
-    def conv(x: str, cname: str, relu: bool, out_name: str | None = None) -> str:
-        w = np.ascontiguousarray(arrays[f"{cname}.weight"], np.float32)
-        inits.append(numpy_helper.from_array(w, f"{cname}.weight"))
-        inits.append(numpy_helper.from_array(np.ascontiguousarray(arrays[f"{cname}.bias"], np.float32),
-                                             f"{cname}.bias"))
-        k = int(w.shape[-1])
-        y = node("Conv", [x, f"{cname}.weight", f"{cname}.bias"], None if relu else out_name, pads=[k // 2] * 4,
-                 kernel_shape=[k, k])
-        return node("Relu", [y], out_name) if relu else y
-
+    net = Net(arrays)
     t = "image"
     for cname, *_ in _trunk():
-        t = node("MaxPool", [t], kernel_shape=[2, 2], strides=[2, 2]) if cname == "pool" else conv(t, cname, True)
-    trunk = t
-    x = trunk
+        t = net.max_pool(t, 2) if cname == "pool" else net.relu(net.conv(t, cname))
+    trunk = x = t
     for stage in range(1, 7):
         layers = _stage(stage, out)
         for i, (cname, *_) in enumerate(layers):
-            last = i == len(layers) - 1
-            x = conv(x, cname, not last, "heatmaps" if stage == 6 and last else None)
+            x = net.conv(x, cname)
+            if i < len(layers) - 1:
+                x = net.relu(x)
         if stage < 6:
-            x = node("Concat", [x, trunk], axis=1)
-    graph = helper.make_graph(
-        nodes, f"sdrt_openpose_{name}",
-        [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, 3, height, width])],
-        [helper.make_tensor_value_info("heatmaps", TensorProto.FLOAT, [1, out, height // 8, width // 8])], inits)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], producer_name="sdrt-openpose",
-                              ir_version=8)
-    onnx.checker.check_model(model)
-    return model
+            x = net.concat([x, trunk])
+    return net.model(f"sdrt_openpose_{name}", {"image": (1, 3, height, width)}, {x: "heatmaps"})
 
 
-class CpmNet:
+class CpmNet(AnnotatorNet):
     """A hand or face network file compiled on one backend, one session per input size."""
 
     FILE = HAND_FILE
     OUT = 22
-    WHAT = "hand"
+    PART = "hand"
+    WHAT = "OpenPose's hand model"
+    FIX = f"pass lllyasviel's {HAND_FILE}"
 
-    def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None) -> None:
-        from ..weights import Weights
+    def strip(self, name: str) -> str:
+        """A ``model1_0.``-style (the extension's module names) or ``module.`` prefix is allowed."""
+        return ".".join(name.split(".")[-2:])
 
-        self.path = Path(path)
-        where = str(self.path)
-        try:
-            self.weights = Weights.open(self.path)
-        except InputError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
-            raise ModelError(f"{where} could not be read as a PyTorch file ({type(exc).__name__}: {exc})",
-                             where=where, fix=f"pass lllyasviel's {self.FILE}") from None
-        self._names = names_in(self.weights.shapes(), self.OUT, where, self.WHAT, self.FILE)
-        self.backend, self.device = backend, device
-        self._sessions: dict[tuple[int, int], Any] = {}
-        self.files = (self.path,)
+    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
+        return cpm_shapes(self.OUT)
+
+    def build(self, *size: int) -> Any:
+        return build_graph(self.arrays(), size[0], size[1], self.OUT, self.PART)
 
     def run(self, x: np.ndarray) -> np.ndarray:
         """The network's ``(out, h/8, w/8)`` float32 heatmaps of a ``(1, 3, h, w)`` float32 input."""
-        h, w = x.shape[2:]
-        sess = self._sessions.get((h, w))
-        if sess is None:
-            from ..runtime import load
-
-            arrays = {n: np.asarray(self.weights[f], np.float32) for n, f in self._names.items()}
-            sess = self._sessions[(h, w)] = load(build_graph(arrays, h, w, self.OUT, self.WHAT),
-                                                 backend=self.backend, device=self.device)
-        return np.asarray(sess.run({"image": np.ascontiguousarray(x, np.float32)})["heatmaps"][0], np.float32)
-
-    def close(self) -> None:
-        for s in self._sessions.values():
-            s.close()
-        self._sessions.clear()
-
-    def __enter__(self) -> CpmNet:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        out = self.session(*x.shape[2:]).run({"image": np.ascontiguousarray(x, np.float32)})
+        return np.asarray(out["heatmaps"][0], np.float32)
 
 
 # ------------------------------------------------------------------------------------------ the boxes

@@ -15,7 +15,11 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["detect"]
+__all__ = ["DRAWN", "OpenPoseParts", "detect"]
+
+#: what each module draws (body, hands, face); the body model runs for all (it finds the hands and faces)
+DRAWN = {"openpose_hand": (True, True, False), "openpose_face": (True, False, True),
+         "openpose_faceonly": (False, False, True), "openpose_full": (True, True, True)}
 
 
 def _fractions(peaks: np.ndarray, x: int, y: int, height: int, width: int) -> list[tuple[Any, Any]]:
@@ -58,3 +62,16 @@ def detect(rgb: np.ndarray, body: Any, hand: Any = None, face: Any = None) -> li
         body_points = [None if p is None else (p[0] / float(w), p[1] / float(h)) for p in pixels]
         out.append(Person(body_points, left, right, face_points))
     return out
+
+
+class OpenPoseParts:
+    """One of the extension's ``openpose_hand`` / ``openpose_face`` / ``openpose_faceonly`` / ``openpose_full``
+    over already compiled networks: ``people(rgb)`` finds what the module detects, ``drawn`` says what its map
+    shows (body, hands, face)."""
+
+    def __init__(self, name: str, body: Any, hand: Any = None, face: Any = None) -> None:
+        self.name, self.body, self.hand, self.face = name, body, hand, face
+        self.drawn = DRAWN[name]
+
+    def people(self, rgb: np.ndarray) -> list[Any]:
+        return detect(rgb, self.body, self.hand, self.face)

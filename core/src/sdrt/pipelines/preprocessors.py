@@ -19,6 +19,10 @@ recolor_luminance       Gamma Correction 1 (0 to 256)                -          
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
+openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 64        openposehand, openposeparts
+openpose_face           - (body and ``facenet.pth``)                 padded to 64        openposeface, openposeparts
+openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
+openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -40,10 +44,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "dwpose", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -85,13 +90,18 @@ SPECS: dict[str, Spec] = {
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
+    "openpose_hand": Spec("pad", models=True),
+    "openpose_face": Spec("pad", models=True),
+    "openpose_faceonly": Spec("pad", models=True),
+    "openpose_full": Spec("pad", models=True),
 }
-#: the extension's other torch OpenPose modules, refused with what works instead
-NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
-            for n in ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
+#: the extension's modules sdrt refuses by name, with what works instead (none at present)
+NOT_HERE: dict[str, str] = {}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
+#: the OpenPose modules that run the hand or face model beside the body's
+OPENPOSE_PARTS = ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 _DWPOSE: dict[tuple, Any] = {}
@@ -208,6 +218,27 @@ def openpose_body(models: Any, backend: str = "auto", device: Any = None, where:
     return _kept("openpose", (path,), backend, device, lambda be, dev: OpenPoseBody(path, backend=be, device=dev))
 
 
+def openpose_parts(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.openposeparts.OpenPoseParts` of ``openpose_hand`` / ``openpose_face`` /
+    ``openpose_faceonly`` / ``openpose_full``: its files found in ``models`` (:mod:`sdrt.pipelines.annotators`),
+    each network kept as :func:`dwpose`'s are (the body's shared with ``openpose``)."""
+    from .openposebody import OpenPoseBody
+    from .openposeface import FACE_FILE, FaceNet
+    from .openposehand import HAND_FILE, HandNet
+    from .openposeparts import OpenPoseParts
+
+    files = model_files(name, models, where)  # the body's file first, then the hand's and the face's
+    body = files[0]
+    nets = {"body": _kept("openpose", (body,), backend, device,
+                          lambda be, dev: OpenPoseBody(body, backend=be, device=dev))}
+    kinds = [k for k, f in (("hand", HAND_FILE), ("face", FACE_FILE)) if f in ANNOTATORS[name].names]
+    for kind, path in zip(kinds, files[1:]):
+        cls = HandNet if kind == "hand" else FaceNet
+        nets[kind] = _kept(f"openpose_{kind}_model", (path,), backend, device,
+                           lambda be, dev, cls=cls, path=path: cls(path, backend=be, device=dev))
+    return OpenPoseParts(name, nets["body"], nets.get("hand"), nets.get("face"))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -219,9 +250,10 @@ def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, A
     from . import posemaps
 
     h, w = rgb.shape[:2]
-    if hasattr(detector, "people"):  # OpenPose's body model: keypoints as fractions of the image, body only
+    if hasattr(detector, "people"):  # OpenPose's torch models: keypoints as fractions of the image
         people = detector.people(rgb)
-        return posemaps.draw(people, h, w, hands=False, face=False), posemaps.to_json(people, h, w)
+        body, hands, face = getattr(detector, "drawn", (True, False, False))  # the body model alone: body only
+        return posemaps.draw(people, h, w, body=body, hands=hands, face=face), posemaps.to_json(people, h, w)
     people = posemaps.people_from_keypoints(detector(rgb))
     return posemaps.draw(people, h, w), posemaps.to_json(people, h, w)
 
@@ -264,6 +296,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
+    elif name in OPENPOSE_PARTS:
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposeparts"),
+                       openpose_parts(name, models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

@@ -33,7 +33,8 @@ MAX_UNITS = 8
 #: the extension's module names (and its UI alias names) -> sdrt's preprocessor (sdrt.pipelines.preprocessors)
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
-                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose")}
+                                   "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
+                                   "openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid"}
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
@@ -53,11 +54,13 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
-    "lineart_standard": [], "shuffle": [],
+    "lineart_standard": [], "shuffle": [], "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
-_UI_RES = {"lineart_standard": _RES, "shuffle": _RES}
+_UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "openpose_hand": _RES, "openpose_face": _RES,
+           "openpose_faceonly": _RES}
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
@@ -581,7 +584,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
         if files is not None:
-            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
+            made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device, pre)
             poses.append(pose)
             out.append(base64.b64encode(encode_png(made)).decode("ascii"))
             continue
@@ -595,17 +598,19 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     return {"images": out, "poses": poses, "info": "Success"} if poses else {"images": out, "info": "Success"}
 
 
-def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
-                 ) -> tuple[Any, dict[str, Any]]:
-    """The dw_openpose_full map and OpenPose JSON of one image as the extension's detect makes them: at the
-    processor resolution, padded to 64 (the JSON in pixels of the padded image, as the extension's callback)."""
+def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None,
+                 pre: str = "dw_openpose_full") -> tuple[Any, dict[str, Any]]:
+    """The map and OpenPose JSON of one image as the extension's detect makes them (``pre``: dw_openpose_full or
+    one of the torch OpenPose modules): at the processor resolution, padded to 64 (the JSON in pixels, or
+    fractions for the torch modules, of the padded image, as the extension's callback)."""
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
+    from ..pipelines.preprocessors import OPENPOSE_PARTS, dwpose, openpose_body, openpose_parts, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
+    det = (openpose_parts(pre, files, backend, device, where="controlnet_module") if pre in OPENPOSE_PARTS else
+           openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
            dwpose(files, backend, device, where="controlnet_module"))
     made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
