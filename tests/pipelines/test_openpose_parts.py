@@ -219,3 +219,40 @@ def test_units_need_their_files():
                         ("openpose_faceonly", "body_pose_model.pth and facenet.pth")):
         with pytest.raises(InputError, match=f"preprocessor_models: the {name} preprocessor needs OpenPose's {files}"):
             parse_units([ControlNet("controlnet", img, preprocessor=name)])
+
+
+def test_openpose_faceonly_in_a_controlnet_run_and_on_the_command_line(refs, models, tmp_path, capsys):
+    """A unit with openpose_faceonly (preprocessor_models) gives the image of a unit fed the extension's map by
+    hand; the CLI's --control-preprocessor-models runs it and writes the module in the infotext; without the face
+    file, one line naming the flag and the file."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet
+
+    image = refs["image"]
+    kw = dict(steps=1, sampler="Euler", seed=5)
+    backend = fast_backend()
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        unit = ControlNet("controlnet", image, preprocessor="openpose_faceonly", processor_res=64,
+                          preprocessor_models=models, pose_backend="openvino")
+        gen = pipe.generate("a face", controlnets=[unit], **kw)
+        by_hand = pipe("a face", controlnets=[("controlnet", refs["map_openpose_faceonly"])], **kw)[0]
+    assert np.array_equal(gen.images[0], by_hand)
+    assert gen.settings[0]["ControlNet 0"].startswith("Module: openpose_faceonly, Model: controlnet")
+    png, out = tmp_path / "faces.png", tmp_path / "out.png"
+    Image.fromarray(image).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a face", "--steps", "1", "--seed", "3",
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "openpose_faceonly"]
+    assert main([*args, "--control-preprocessor-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: openpose_faceonly, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    only_body = tmp_path / "body"
+    only_body.mkdir()
+    (only_body / "body_pose_model.pth").symlink_to(_file(models, openposebody.BODY_FILE))
+    assert main([*args, "--control-preprocessor-models", str(only_body), "-o", str(out)]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "facenet.pth" in err, err

@@ -44,7 +44,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
-                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; ...), or an A1111 or "
+                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; openpose_hand, openpose_face(only), "
+                        "openpose_full: it with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file(s); once for all, or per image")
