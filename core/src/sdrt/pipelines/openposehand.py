@@ -5,7 +5,7 @@ refinement stages of 22 heatmaps) is read with sdrt's safe torch-file reader and
 (:func:`build_graph`, which the face network shares: same trunk, other widths). Around it, numpy follows the
 extension's ``annotator/openpose/hand.py`` and ``util.handDetect`` step for step:
 
-- the boxes (``hand_boxes``): from each person's shoulder, elbow and wrist (both arms found), centred a third of
+- the boxes (``hand_boxes``): from each arm whose shoulder, elbow and wrist were found, centred a third of
   the forearm past the wrist, 1.5 times the longer of the forearm and 0.9 of the upper arm wide, clipped to the
   image and kept from 20 pixels; the left arm first;
 - per box (the BGR crop, ``HandNet.peaks``): ``cv2.GaussianBlur(crop, (0, 0), 0.8)``; at each of the 4 scales
