@@ -43,6 +43,45 @@ def make_weights(seed: int = SEED) -> dict[str, np.ndarray]:
     return out
 
 
+#: the hand network's keypoints that the seeded file never finds (their last bias sinks every value), and the face's
+HAND_MISSING = (3, 11, 17)
+FACE_MISSING = (5, 30, 70)
+
+
+def make_cpm_weights(out: int, seed: int, missing: tuple[int, ...]) -> dict[str, np.ndarray]:
+    """A full-size ``hand_pose_model.pth`` (``out`` 22) or ``facenet.pth`` (71): He-scaled normals at the
+    published names and shapes; the last layer's bias of the ``missing`` channels at -1000 so that nothing passes
+    the threshold there (hand.py's (0, 0) keypoint, face.py's left-out one), the others finding their peaks."""
+    from sdrt.pipelines.openposehand import cpm_shapes
+
+    rng = np.random.default_rng(seed)
+    out_w: dict[str, np.ndarray] = {}
+    for name, shape in cpm_shapes(out).items():
+        if name.endswith(".bias"):
+            out_w[name] = (rng.standard_normal(shape) * 0.01).astype(np.float32)
+        else:
+            fan_in = shape[1] * shape[2] * shape[3]
+            out_w[name] = (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
+    for c in missing:
+        out_w["Mconv7_stage6.bias"][c] = np.float32(-1000.0)
+    return out_w
+
+
+def make_hand_weights() -> dict[str, np.ndarray]:
+    return make_cpm_weights(22, SEED + 2, HAND_MISSING)
+
+
+def make_face_weights() -> dict[str, np.ndarray]:
+    return make_cpm_weights(71, SEED + 3, FACE_MISSING)
+
+
+def parts_image() -> np.ndarray:
+    """The 64x72 crop of :func:`test_image` where the seeded body file finds a right hand box inside the image, a
+    left one clipped at the top (faceDetect and handDetect clip) and 3 face boxes, so the hand and face tests run
+    each network a few times only."""
+    return np.ascontiguousarray(test_image()[16:80, 72:144])
+
+
 def _rebuild_tensor_v2(*args):  # pragma: no cover - a name for pickle, never called here
     raise AssertionError
 

@@ -95,8 +95,8 @@ def test_units_and_refused_modules():
     img = np.zeros((8, 8, 3), np.uint8)
     with pytest.raises(InputError, match="openpose preprocessor needs body_pose_model.pth"):
         parse_units([ControlNet("controlnet", img, preprocessor="openpose")])
-    for name in ("openpose_hand", "openpose_face", "openpose_full"):
-        with pytest.raises(InputError, match="dw_openpose_full draws body, hands and face"):
+    for name in ("openpose_hand", "openpose_face", "openpose_full"):  # no longer refused: they need their files
+        with pytest.raises(InputError, match=f"{name} preprocessor needs OpenPose's body_pose_model.pth and"):
             parse_units([ControlNet("controlnet", img, preprocessor=name)])
 
 

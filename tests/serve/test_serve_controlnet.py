@@ -294,6 +294,7 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                     "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose", "mlsd",
                                     "normal_bae", "depth_anything", "depth_anything_v2",
+                                    "openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full",
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
@@ -314,7 +315,10 @@ def test_controlnet_routes(cn_server) -> None:
 @pytest.mark.parametrize("module, words", [("dw_openpose_full", "needs DWPose's yolox_l.onnx"),
                                             ("openpose", "needs body_pose_model.pth"),
                                             ("normal_bae", "needs scannet.pt"),
-                                            ("depth_anything", "needs depth_anything_vitl14.pth")])
+                                            ("depth_anything", "needs depth_anything_vitl14.pth"),
+
+                                            ("openpose_full", "needs OpenPose's body_pose_model.pth and "
+                                                              "hand_pose_model.pth and facenet.pth")])
 def test_pose_modules_without_their_files_say_where_to_put_them_without_server_paths(cn_server, module, words):
     """A pose module whose model files are not under the models folder: a 400 on the module field naming the
     folders looked in as ``<models>`` (the server's own paths stay out of answers, as the request fuzz requires)."""

@@ -63,6 +63,15 @@ ANNOTATORS: dict[str, Files] = {
                                "Depth Anything V2's", ("depth_anything_v2_vitl.pth", "depth_anything_v2_vitb.safetensors",
                                                        "depth_anything_v2_vitb.pth", "depth_anything_v2_vits.safetensors",
                                                        "depth_anything_v2_vits.pth")),
+    # the body model finds the people, the hand and face models their hands and faces
+    "openpose_hand": Files(("body_pose_model.pth", "hand_pose_model.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                           "OpenPose's"),
+    "openpose_face": Files(("body_pose_model.pth", "facenet.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                           "OpenPose's"),
+    "openpose_faceonly": Files(("body_pose_model.pth", "facenet.pth"), ("openpose",), ("lllyasviel/Annotators",),
+                               "OpenPose's"),
+    "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
+                           ("lllyasviel/Annotators",), "OpenPose's"),
 }
 
 

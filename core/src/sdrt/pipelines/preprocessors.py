@@ -38,6 +38,10 @@ normal_bae              - (``scannet.pt``: ``models``)               padded to 6
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
+openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 64        openposehand, openposeparts
+openpose_face           - (body and ``facenet.pth``)                 padded to 64        openposeface, openposeparts
+openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
+openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -59,10 +63,11 @@ from typing import Any
 import numpy as np
 
 from ..errors import InputError
+from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -120,17 +125,22 @@ SPECS: dict[str, Spec] = {
     # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
     "inpaint": Spec(None),
     "inpaint_only": Spec(None),
+    "openpose_hand": Spec("pad", models=True),
+    "openpose_face": Spec("pad", models=True),
+    "openpose_faceonly": Spec("pad", models=True),
+    "openpose_full": Spec("pad", models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
             "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
             "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
-#: the extension's other torch OpenPose modules, refused with what works instead
-NOT_HERE = {n: f"{n} (OpenPose's hand/face torch models) is not in sdrt; dw_openpose_full draws body, hands and face"
-            for n in ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
+#: the extension's modules sdrt refuses by name, with what works instead (none at present)
+NOT_HERE: dict[str, str] = {}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
+#: the OpenPose modules that run the hand or face model beside the body's
+OPENPOSE_PARTS = ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 _DWPOSE: dict[tuple, Any] = {}
@@ -337,6 +347,27 @@ def depth_anything(models: Any, name: str = "depth_anything", backend: str = "au
     return _kept(name, (path,), backend, device, lambda be, dev: DepthAnything(path, version, backend=be, device=dev))
 
 
+def openpose_parts(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.openposeparts.OpenPoseParts` of ``openpose_hand`` / ``openpose_face`` /
+    ``openpose_faceonly`` / ``openpose_full``: its files found in ``models`` (:mod:`sdrt.pipelines.annotators`),
+    each network kept as :func:`dwpose`'s are (the body's shared with ``openpose``)."""
+    from .openposebody import OpenPoseBody
+    from .openposeface import FACE_FILE, FaceNet
+    from .openposehand import HAND_FILE, HandNet
+    from .openposeparts import OpenPoseParts
+
+    files = model_files(name, models, where)  # the body's file first, then the hand's and the face's
+    body = files[0]
+    nets = {"body": _kept("openpose", (body,), backend, device,
+                          lambda be, dev: OpenPoseBody(body, backend=be, device=dev))}
+    kinds = [k for k, f in (("hand", HAND_FILE), ("face", FACE_FILE)) if f in ANNOTATORS[name].names]
+    for kind, path in zip(kinds, files[1:]):
+        cls = HandNet if kind == "hand" else FaceNet
+        nets[kind] = _kept(f"openpose_{kind}_model", (path,), backend, device,
+                           lambda be, dev, cls=cls, path=path: cls(path, backend=be, device=dev))
+    return OpenPoseParts(name, nets["body"], nets.get("hand"), nets.get("face"))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -348,9 +379,10 @@ def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, A
     from . import posemaps
 
     h, w = rgb.shape[:2]
-    if hasattr(detector, "people"):  # OpenPose's body model: keypoints as fractions of the image, body only
+    if hasattr(detector, "people"):  # OpenPose's torch models: keypoints as fractions of the image
         people = detector.people(rgb)
-        return posemaps.draw(people, h, w, hands=False, face=False), posemaps.to_json(people, h, w)
+        body, hands, face = getattr(detector, "drawn", (True, False, False))  # the body model alone: body only
+        return posemaps.draw(people, h, w, body=body, hands=hands, face=face), posemaps.to_json(people, h, w)
     people = posemaps.people_from_keypoints(detector(rgb))
     return posemaps.draw(people, h, w), posemaps.to_json(people, h, w)
 
@@ -416,6 +448,9 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))
+    elif name in OPENPOSE_PARTS:
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposeparts"),
+                       openpose_parts(name, models, backend, device, where))
     elif name == "shuffle":
         from .shufflemap import content_shuffle
 

@@ -20,12 +20,14 @@ from typing import Any
 from ..errors import FileChanged, InputError, ModelError, SdrtError, WeightsError
 from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
-from ..pipelines.preprocessors import WITH_MODELS
+from ..pipelines.preprocessors import OPENPOSE_PARTS, WITH_MODELS
 from . import b64images, kontext
 from .errors import ApiError
 from .fields import get_bool, get_float
 from .registry import ModelEntry, Registry
 
+#: the modules whose detect answers poses too (OpenPose JSON)
+POSE_MODULES = ("dw_openpose_full", "openpose", *OPENPOSE_PARTS)
 #: ``/controlnet/version``: the extension's API version
 API_VERSION = 2
 #: the most units one request may hold (each distinct net is a model the worker loads)
@@ -34,7 +36,8 @@ MAX_UNITS = 8
 MODULES = {name: name for name in ("none", "canny", "invert", "threshold", "scribble", "tile_resample",
                                    "lineart_standard", "scribble_xdog", "shuffle", "color", "blur_gaussian",
                                    "recolor_luminance", "recolor_intensity", "dw_openpose_full", "openpose",
-                                   "mlsd", "normal_bae", "depth_anything", "depth_anything_v2")}
+                                   "mlsd", "normal_bae", "depth_anything", "depth_anything_v2",
+                                   "openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")}
 #: the lineart models (sdrt.pipelines.lineartnets): the extension's "lineart" is its UI's lineart_realistic
 MODULES.update({"lineart": "lineart_realistic", "lineart_coarse": "lineart_coarse", "lineart_anime": "lineart_anime",
                 "lineart_anime_denoise": "lineart_anime_denoise"})
@@ -83,10 +86,12 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "depth_anything": [], "depth_anything_v2": [],
     # the extension's inpaint modules: no sliders (their resolution slider hidden)
     "inpaint": [], "inpaint_only": [],
+    "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
-           "depth_anything_v2": _RES}
+           "depth_anything_v2": _RES, "openpose_hand": _RES, "openpose_face": _RES, "openpose_faceonly": _RES}
 # the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
 SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
@@ -631,9 +636,9 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
-        if files is not None and pre in ("dw_openpose_full", "openpose"):
+        if files is not None and pre in POSE_MODULES:
             try:
-                made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device)
+                made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device, pre)
             except InputError as exc:  # a picture the resolution cannot take (a strip): the request's, a 400
                 raise _detect_refusal(exc, key, k) from None
             except (ModelError, WeightsError) as exc:
@@ -678,17 +683,19 @@ def _file_refusal(exc: SdrtError, files: tuple[Path, ...], models: Path | None, 
     return ApiError(400, f"{field}: {admin_paths(text, models)}", field=field)
 
 
-def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None
-                 ) -> tuple[Any, dict[str, Any]]:
-    """The dw_openpose_full map and OpenPose JSON of one image as the extension's detect makes them: at the
-    processor resolution, padded to 64 (the JSON in pixels of the padded image, as the extension's callback)."""
+def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "auto", device: Any = None,
+                 pre: str = "dw_openpose_full") -> tuple[Any, dict[str, Any]]:
+    """The map and OpenPose JSON of one image as the extension's detect makes them (``pre``: dw_openpose_full or
+    one of the torch OpenPose modules): at the processor resolution, padded to 64 (the JSON in pixels, or
+    fractions for the torch modules, of the padded image, as the extension's callback)."""
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
+    from ..pipelines.preprocessors import OPENPOSE_PARTS, dwpose, openpose_body, openpose_parts, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
+    det = (openpose_parts(pre, files, backend, device, where="controlnet_module") if pre in OPENPOSE_PARTS else
+           openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
            dwpose(files, backend, device, where="controlnet_module"))
     made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
