@@ -62,7 +62,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_net_pixels", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -133,6 +133,9 @@ NAMES = tuple(SPECS)
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
+#: the most pixels a processor resolution may make of an image a network reads (2048 x 8192: 4:1 at the extension's
+#: largest resolution): a 16x128 strip at 2048 would be 2048x16384, ~19 GB of HED activations
+MAX_NET_PIXELS = 2048 * 8192
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -228,6 +231,18 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
                 _DWPOSE.pop(old).close()
             _DWPOSE[key] = make(backend, device)
         return _DWPOSE[key]
+
+
+def check_net_pixels(height: int, width: int, resolution: int) -> None:
+    """A ``ControlImageError`` when an image a preprocessor's network reads, ``height x width`` at processor
+    resolution ``resolution``, is above :data:`MAX_NET_PIXELS` (its activations would take tens of gigabytes)."""
+    from .controlmaps import ControlImageError
+
+    if height * width > MAX_NET_PIXELS:
+        raise ControlImageError(f"the control image at processor resolution {resolution} would be {width}x{height} "
+                                f"for the preprocessor's network, above {MAX_NET_PIXELS} pixels (2048x8192)",
+                                where="sdrt.pipelines.preprocessors.processor_res",
+                                fix="pass a smaller processor resolution, or crop the image to nearer a square")
 
 
 def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
@@ -373,6 +388,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb, crop = cm.processor_input(rgb, resolution)
         if spec.resolution == "scale":  # the extension crops its padding off before these maps
             rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
+        if name in WITH_MODELS:
+            check_net_pixels(rgb.shape[0], rgb.shape[1], resolution)
     if name == "canny":
         rgb = cm.to_rgb(cm.canny(rgb, lo, hi))
     elif name == "scribble":

@@ -649,9 +649,13 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
+    from ..pipelines.preprocessors import check_net_pixels, dwpose, openpose_body, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
+    try:
+        check_net_pixels(*padded.shape[:2], res)
+    except InputError as exc:
+        raise _detect_refusal(exc, "controlnet_input_images", 0) from None
     det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
            dwpose(files, backend, device, where="controlnet_module"))
     made, pose = pose_detect(padded, det)
@@ -660,7 +664,8 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
 
 #: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
 _REFUSED_SLIDER = {"tile_resample": "controlnet_threshold_a", "color_grid": "controlnet_processor_res",
-                   "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a"}
+                   "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a",
+                   "processor_res": "controlnet_processor_res"}  # a network's image too large at that resolution
 
 
 def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
