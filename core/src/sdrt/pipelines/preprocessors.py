@@ -248,9 +248,17 @@ def check_net_pixels(height: int, width: int, resolution: int) -> None:
 def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
     """The files model-backed preprocessor ``name`` reads, found in ``models`` (the file, the files, or a folder in
     the extension's / ComfyUI's layout: :mod:`sdrt.pipelines.annotators`); an ``InputError`` naming ``where``."""
-    from .annotators import find
+    from .annotators import ANNOTATORS, find, need
 
-    return find(name, models, where)
+    files = find(name, models, where)
+    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives}
+    for f in files:  # a file given by path under another preprocessor's name: the same shapes would run unnoticed
+        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (*a.names, *a.alternatives)),
+                     None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
+        if other is not None:
+            raise InputError(f"{where}: {f} is the {other} preprocessor's file, and {name} needs {need(name)}",
+                             where=where, fix=f"pass {need(name)}, or use preprocessor {other}")
+    return files
 
 
 check_pose_files = model_files  # the name it had when only the pose preprocessors read files
