@@ -389,6 +389,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     from . import controlmaps as cm
 
     spec = SPECS[name]
+    if name == "softedge_teed":  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
+        check_thresholds(name, low, None, "sdrt.pipelines.preprocessors.preprocess")
     lo = spec.low.default if spec.low is not None and low is None else low
     hi = spec.high.default if spec.high is not None and high is None else high
     crop = None
