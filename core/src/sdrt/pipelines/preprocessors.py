@@ -136,6 +136,9 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 #: the most pixels a processor resolution may make of an image a network reads (2048 x 8192: 4:1 at the extension's
 #: largest resolution): a 16x128 strip at 2048 would be 2048x16384, ~19 GB of HED activations
 MAX_NET_PIXELS = 2048 * 8192
+#: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
+#: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2")
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -398,7 +401,7 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb, crop = cm.processor_input(rgb, resolution)
         if spec.resolution == "scale":  # the extension crops its padding off before these maps
             rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
-        if name in WITH_MODELS:
+        if name in WITH_MODELS and name not in _OWN_SIZE:
             check_net_pixels(rgb.shape[0], rgb.shape[1], resolution)
     if name == "canny":
         rgb = cm.to_rgb(cm.canny(rgb, lo, hi))

@@ -649,13 +649,9 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import check_net_pixels, dwpose, openpose_body, pose_detect
+    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    try:
-        check_net_pixels(*padded.shape[:2], res)
-    except InputError as exc:
-        raise _detect_refusal(exc, "controlnet_input_images", 0) from None
     det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
            dwpose(files, backend, device, where="controlnet_module"))
     made, pose = pose_detect(padded, det)
