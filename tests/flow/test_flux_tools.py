@@ -18,6 +18,7 @@ from flow_helpers import register, tool_folder
 
 from sdrt import pipelines
 from sdrt.errors import InputError
+from sdrt.pipelines.controlnet import ControlNet
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
 TOOLS = ("fill", "control")
@@ -131,6 +132,13 @@ def test_errors_are_one_line_input_errors(folders) -> None:
         (control, dict(controlnets=[("controlnet", edges), ("controlnet", edges)]), "controlnets", "one control image"),
         (control, dict(controlnets=[("controlnet", edges, 1.0, 0.0, 1.0, "ControlNet is more important")]),
          "controlnets", "not through a ControlNet"),
+        # an inpaint unit's RGBA map (or a unit without an image) is no control image: one line, not the VAE's pin
+        (control, dict(controlnets=[ControlNet("controlnet", img, preprocessor="inpaint_only", control_mask=mask)]),
+         "controlnets[0] preprocessor", "SD inpaint ControlNet"),
+        (control, dict(controlnets=[ControlNet("controlnet", None, preprocessor="inpaint")]),
+         "controlnets[0] preprocessor", "Canny/Depth model"),
+        (control, dict(controlnets=[ControlNet("controlnet", edges, control_mask=edges[:, :, 0])]),
+         "controlnets[0] control_mask", "control_mask"),
     ]
     register("reference")
     plain = pipelines.load(DATA / "tiny-flux-dev", backend="reference")

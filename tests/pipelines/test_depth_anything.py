@@ -249,3 +249,22 @@ def test_depth_anything_in_a_controlnet_run_and_on_the_command_line(refs, tiny, 
     assert main([*args, "--control-preprocessor-models", str(tmp_path), "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and f"no depth_anything_vitl14.pth in {tmp_path}" in err, err
+
+
+def test_another_preprocessors_file_by_path_is_refused(tmp_path):
+    """Depth Anything V1's file given as V2's (or lineart_coarse's as lineart_realistic's) has the same tensors and
+    would run with the other's layers or weights unnoticed: refused in one line naming the file and the argument."""
+    for f in ("depth_anything_vitl14.pth", "depth_anything_v2_vitl.safetensors", "sk_model.pth", "sk_model2.pth"):
+        (tmp_path / f).write_bytes(b"")
+    cases = [("depth_anything_v2", "depth_anything_vitl14.pth", "depth_anything_v2_vitl"),
+             ("depth_anything", "depth_anything_v2_vitl.safetensors", "depth_anything_vitl14.pth"),
+             ("lineart_realistic", "sk_model2.pth", "sk_model.pth"), ("lineart_coarse", "sk_model.pth", "sk_model2.pth")]
+    for name, f, want in cases:
+        with pytest.raises(InputError, match=f"is the .* preprocessor's file, and {name} needs {want}") as e:
+            preprocessors.model_files(name, tmp_path / f, "--control-preprocessor-models")
+        assert e.value.where == "--control-preprocessor-models" and "\n" not in str(e.value)
+    assert preprocessors.model_files("depth_anything", tmp_path / "depth_anything_vitl14.pth", "m")[0].name == \
+        "depth_anything_vitl14.pth"
+    renamed = tmp_path / "my_depth.pth"  # a file under a name of its own is taken as given
+    renamed.write_bytes(b"")
+    assert preprocessors.model_files("depth_anything_v2", renamed, "m") == (renamed,)

@@ -167,3 +167,32 @@ def test_resized_maps_equal_the_extensions() -> None:
         assert np.array_equal(got[:, :, 3], ref[:, :, 3].astype(np.uint8)), key
         worst[key] = float(np.abs(got[:, :, :3].astype(np.float32) - np.clip(ref[:, :, :3], 0, 255)).max())
     assert all(d <= 0.51 for d in worst.values()), worst  # measured: 0.5 (uint8 rounding), the mask equal
+
+
+def test_a_thin_strip_resize_and_fill_is_one_pixel_high() -> None:
+    """A 1x400 picture fitted in 64x64 is 0.16 pixels tall: one row on the fill, not a ZeroDivisionError from the
+    resize (the inpaint map's resize and the plain control image's)."""
+    from sdrt.pipelines.controlmaps import resize_control
+
+    strip = np.full((1, 400, 3), 30, np.uint8)
+    out = inpaintcn.resize_map(inpaintcn.rgba(strip, np.zeros((1, 400), np.uint8)), 64, 64, "Resize and Fill")
+    assert out.shape == (64, 64, 4) and (out[31, :, 3] == 0).all() and (out[30, :, 3] == 255).all() and (out[0, :, 3] == 255).all()
+    assert resize_control(strip, 64, 64, "Resize and Fill").shape == (64, 64, 3)
+    assert resize_control(strip.transpose(1, 0, 2), 64, 64, "Resize and Fill").shape == (64, 64, 3)
+
+
+def test_no_restore_or_blend_leaks_into_the_next_run() -> None:
+    """A run after an inpaint_only run (its restore hook and blend) equals the same run on a fresh pipeline, and an
+    inpaint_only run twice gives the same image (no map, latent or hook kept from the last run)."""
+    z = np.load(FOLDER / "inpaint.npz")
+    case = _cases()["inpaint_only/txt2img"]
+    kw = dict(steps=2, cfg=case["cfg"], seed=case["seed"], width=64, height=64)
+    with pipelines.load(FOLDER, backend=fast_backend()) as fresh:
+        want = fresh.generate(case["prompt"], controlnets=[ControlNet("controlnet", z["picture"])], **kw).images[0]
+    with pipelines.load(FOLDER, backend=fast_backend()) as pipe:
+        unit = ControlNet("controlnet", z["picture"], preprocessor="inpaint_only", control_mask=z["mask"])
+        first = pipe.generate(case["prompt"], controlnets=[unit], **kw).images[0]
+        after = pipe.generate(case["prompt"], controlnets=[ControlNet("controlnet", z["picture"])], **kw).images[0]
+        again = pipe.generate(case["prompt"], controlnets=[unit], **kw).images[0]
+    assert np.array_equal(after, want)
+    assert np.array_equal(again, first)

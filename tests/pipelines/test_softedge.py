@@ -214,6 +214,10 @@ def test_sliders_and_files_are_checked(files):
     with pytest.raises(InputError, match="reads no low threshold"):
         parse_units([ControlNet("controlnet", img, preprocessor="softedge_hed", low=3,
                                 preprocessor_models=files["root"])])
+    register("openvino")
+    for bad in (float("nan"), -1, 1e9):  # preprocess() itself: not a ValueError, nor a map at -1 or 1e9 steps
+        with pytest.raises(InputError, match="TEED's safe steps, must be"):
+            preprocessors.preprocess(img, "softedge_teed", bad, models=files["root"], backend="openvino")
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 3), (9, 1), (70, 3, 4), (5, 130, 3)])

@@ -110,3 +110,27 @@ def test_missing_file_names_where_it_was_looked_for(tmp_path) -> None:
     message = r.json()["message"]  # the folders as the admin names them (<models>), not the server's paths
     assert "ControlNetHED.pth" in message and "<models>/" in message and str(tmp_path) not in message, message
     assert "ckpts/lllyasviel/Annotators" in message, message
+
+
+def test_a_strip_at_a_large_resolution_is_a_400_not_gigabytes(tmp_path) -> None:
+    """A 16x128 image at processor_res 2048 would be 2048x16384 for HED (~19 GB of activations): refused before
+    the network, a 400 naming controlnet_processor_res (the Python API: one ControlImageError); 4:1 still runs."""
+    from sdrt.errors import InputError
+    from sdrt.pipelines.controlmaps import ControlImageError
+    from sdrt.serve.controlnet import detect
+    from sdrt.serve.errors import ApiError
+
+    write_hed(tmp_path / "hed")
+    strip = np.zeros((16, 128, 3), np.uint8)
+    with pytest.raises(ApiError) as exc:
+        detect({"controlnet_module": "hed", "controlnet_processor_res": 2048, "controlnet_input_images": [_b64(strip)]},
+               2048 * 2048 * 4, 2048, tmp_path, "reference")
+    assert exc.value.status == 400 and exc.value.field == "controlnet_processor_res", exc.value.message
+    assert "16384x2048" in exc.value.message, exc.value.message
+    for name in ("softedge_hed", "scribble_pidinet", "softedge_teed", "lineart_realistic", "lineart_anime_denoise",
+                 "normal_bae"):  # the networks that read the image at the processor resolution
+        with pytest.raises(ControlImageError, match="16384x2048"):
+            preprocessors.preprocess(strip, name, resolution=2048, models=tmp_path)
+    with pytest.raises(InputError, match="needs dw-ll_ucoco_384|needs DWPose|yolox_l"):  # DWPose's own 640 box: on
+        preprocessors.preprocess(strip, "dw_openpose_full", resolution=2048, models=tmp_path)
+    preprocessors.check_net_pixels(2048, 8192, 2048)  # 4:1 at the extension's largest resolution: allowed

@@ -247,7 +247,8 @@ def resize_control(image: np.ndarray, width: int, height: int, mode: str = "Crop
         borders = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]], axis=0)
         fill = np.median(borders, axis=0).astype(np.uint8)
         out = np.tile(fill[None, None], (h, w, 1))
-        small = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
+        # a 1x400 strip fitted in 64x64 is 0.16 pixels tall: one pixel (OpenCV would refuse a 0 size)
+        small = _hq_resize(a, max(1, int(np.round(old_w * k))), max(1, int(np.round(old_h * k))))
         nh, nw = small.shape[:2]
         ph, pw = max(0, (h - nh) // 2), max(0, (w - nw) // 2)
         out[ph:ph + nh, pw:pw + nw] = small[: h - ph, : w - pw]

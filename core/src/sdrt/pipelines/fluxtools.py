@@ -115,6 +115,10 @@ def control_from_units(units: list[Any], where: str = "controlnets") -> Any:
                          "(no net, scale, start, end, control mode or guess mode)", where=where,
                          fix="pass the image alone as {@control_image=} (a preprocessor and a resize mode may make "
                              "it; no net, scale 1, the whole schedule)")
+    from .controlnet import check_no_control_mask
+
+    # an inpaint map (RGBA, -1 under its mask) or a mask is no image for this model's VAE: refused in one line
+    check_no_control_mask(unit, f"{where}[0]", "a Flux.1 Canny/Depth model")
     return unit
 
 

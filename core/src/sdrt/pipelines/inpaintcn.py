@@ -84,7 +84,8 @@ def resize_map(a: np.ndarray, width: int, height: int, mode: str) -> np.ndarray:
         fill = np.median(borders.astype(np.float32), axis=0).astype(np.uint8)
         fill[3] = 255
         out = np.tile(fill[None, None], (height, width, 1))
-        small = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
+        # a 1x400 strip fitted in 64x64 is 0.16 pixels tall: one pixel (OpenCV would refuse a 0 size)
+        small = _hq_resize(a, max(1, int(np.round(old_w * k))), max(1, int(np.round(old_h * k))))
         nh, nw = small.shape[:2]
         ph, pw = max(0, (height - nh) // 2), max(0, (width - nw) // 2)
         out[ph:ph + nh, pw:pw + nw] = small[: height - ph, : width - pw]

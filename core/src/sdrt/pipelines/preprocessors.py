@@ -67,7 +67,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_net_pixels", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -143,6 +143,12 @@ AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
 OPENPOSE_PARTS = ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")
 #: the preprocessors that run a model (their files given as ``models``)
 WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
+#: the most pixels a processor resolution may make of an image a network reads (2048 x 8192: 4:1 at the extension's
+#: largest resolution): a 16x128 strip at 2048 would be 2048x16384, ~19 GB of HED activations
+MAX_NET_PIXELS = 2048 * 8192
+#: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
+#: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2")
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -240,12 +246,32 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
         return _DWPOSE[key]
 
 
+def check_net_pixels(height: int, width: int, resolution: int) -> None:
+    """A ``ControlImageError`` when an image a preprocessor's network reads, ``height x width`` at processor
+    resolution ``resolution``, is above :data:`MAX_NET_PIXELS` (its activations would take tens of gigabytes)."""
+    from .controlmaps import ControlImageError
+
+    if height * width > MAX_NET_PIXELS:
+        raise ControlImageError(f"the control image at processor resolution {resolution} would be {width}x{height} "
+                                f"for the preprocessor's network, above {MAX_NET_PIXELS} pixels (2048x8192)",
+                                where="sdrt.pipelines.preprocessors.processor_res",
+                                fix="pass a smaller processor resolution, or crop the image to nearer a square")
+
+
 def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
     """The files model-backed preprocessor ``name`` reads, found in ``models`` (the file, the files, or a folder in
     the extension's / ComfyUI's layout: :mod:`sdrt.pipelines.annotators`); an ``InputError`` naming ``where``."""
-    from .annotators import find
+    from .annotators import ANNOTATORS, find, need
 
-    return find(name, models, where)
+    files = find(name, models, where)
+    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives}
+    for f in files:  # a file given by path under another preprocessor's name: the same shapes would run unnoticed
+        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (*a.names, *a.alternatives)),
+                     None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
+        if other is not None:
+            raise InputError(f"{where}: {f} is the {other} preprocessor's file, and {name} needs {need(name)}",
+                             where=where, fix=f"pass {need(name)}, or use preprocessor {other}")
+    return files
 
 
 check_pose_files = model_files  # the name it had when only the pose preprocessors read files
@@ -398,6 +424,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     from . import controlmaps as cm
 
     spec = SPECS[name]
+    if name == "softedge_teed":  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
+        check_thresholds(name, low, None, "sdrt.pipelines.preprocessors.preprocess")
     lo = spec.low.default if spec.low is not None and low is None else low
     hi = spec.high.default if spec.high is not None and high is None else high
     crop = None
@@ -405,6 +433,8 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
         rgb, crop = cm.processor_input(rgb, resolution)
         if spec.resolution == "scale":  # the extension crops its padding off before these maps
             rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
+        if name in WITH_MODELS and name not in _OWN_SIZE:
+            check_net_pixels(rgb.shape[0], rgb.shape[1], resolution)
     if name == "canny":
         rgb = cm.to_rgb(cm.canny(rgb, lo, hi))
     elif name == "scribble":

@@ -703,7 +703,8 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
 
 #: the preprocessor whose refusal (its ``where``'s last name) is about a slider, and that slider's detect field
 _REFUSED_SLIDER = {"tile_resample": "controlnet_threshold_a", "color_grid": "controlnet_processor_res",
-                   "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a"}
+                   "blur_gaussian": "controlnet_threshold_a", "scribble_xdog": "controlnet_threshold_a",
+                   "processor_res": "controlnet_processor_res"}  # a network's image too large at that resolution
 
 
 def _detect_refusal(exc: InputError, key: str, k: int) -> ApiError:
