@@ -62,7 +62,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -209,11 +209,100 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
                                                                                    device=dev))
 
 
+#: how many idle compiled detectors each backend and device keeps after use (:func:`keep_preprocessors`)
+_KEEP = [1]
+_USERS: dict[tuple, int] = {}  # key -> threads using that detector now
+_USED: dict[tuple, int] = {}  # key -> when it was last asked for (a count)
+_STALE: set[tuple] = set()  # a detector of files written anew or read from elsewhere: closed once idle
+_HOLDING = threading.local()  # the keys this thread uses inside ``held()``
+_TICK = [0]
+
+
+def keep_preprocessors(n: int | None = None) -> int:
+    """How many compiled model-backed preprocessors (DWPose, MiDaS, ...) stay loaded per backend and device once
+    no job uses them, the most recently used first (default 1: the last one; 0: each is closed after its maps are
+    made); ``n`` sets it (None: reads it). Returns the value before. One in use is never closed: it goes once idle."""
+    before = _KEEP[0]
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InputError(f"keep_preprocessors must be a whole number >= 0, got {n!r:.40}", where="keep_preprocessors",
+                             fix="pass e.g. 1 (the last used one stays loaded) or 0 (none)")
+        with _DWPOSE_LOCK:
+            _KEEP[0] = n
+            _trim()
+    return before
+
+
+class held:
+    """``with held(): ...``: the detectors this thread asks for inside are in use until the block ends (no other
+    thread's trim closes them); then the idle ones beyond :func:`keep_preprocessors` per backend and device go."""
+
+    def __enter__(self) -> held:
+        self.outer = getattr(_HOLDING, "keys", None)
+        _HOLDING.keys = [] if self.outer is None else self.outer
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.outer is not None:
+            return
+        keys, _HOLDING.keys = _HOLDING.keys, None
+        with _DWPOSE_LOCK:
+            for key in keys:
+                _USERS[key] -= 1
+                if not _USERS[key]:
+                    del _USERS[key]
+            _trim()
+
+
+def _trim(protect: tuple | None = None) -> None:
+    """Close the idle detectors beyond the bound on each backend and device, the least recently used first, and
+    stale ones; never one in use (nor ``protect``, the one just handed out). Under the lock."""
+    groups: dict[tuple, list[tuple]] = {}
+    for key in _DWPOSE:
+        groups.setdefault(key[1:3], []).append(key)
+    for keys in groups.values():
+        keys.sort(key=lambda k: _USED.get(k, 0), reverse=True)
+        fresh = [k for k in keys if k not in _STALE]
+        drop = [k for k in keys if k in _STALE] + fresh[_KEEP[0]:]
+        for key in drop:
+            if key == protect or _USERS.get(key):
+                continue
+            _STALE.discard(key)
+            _USED.pop(key, None)
+            _DWPOSE.pop(key).close()
+
+
+def release(kind: str | None = None, files: Any = None) -> int:
+    """Close the idle kept detectors (of ``kind`` and ``files`` where given): the memory plan's release of a
+    preprocessor once its maps are made. Returns how many were closed; one in use stays."""
+    names = None if files is None else tuple(str(f) for f in files)
+    closed = 0
+    with _DWPOSE_LOCK:
+        for key in list(_DWPOSE):
+            if (kind is not None and key[0] != kind) or (names is not None and key[3:3 + len(names)] != names):
+                continue
+            if _USERS.get(key):
+                continue
+            _STALE.discard(key)
+            _USED.pop(key, None)
+            _DWPOSE.pop(key).close()
+            closed += 1
+    return closed
+
+
+def kept_detectors() -> list[tuple[str, str, str, bool]]:
+    """``(kind, backend, device, in use)`` of each compiled detector kept now, the most recently used first."""
+    with _DWPOSE_LOCK:
+        return [(k[0], k[1], k[2], bool(_USERS.get(k))) for k in sorted(_DWPOSE, key=lambda k: -_USED.get(k, 0))]
+
+
 def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: Any) -> Any:
     """The pose detector ``make(backend, device)`` of ``files``, kept: one per kind, backend and device (serve runs
     a job per device at once, and /controlnet/detect beside them), keyed on the files' versions (a file written anew
-    at its path is another detector: the kept one would refuse its changed file); only that kind's older one on the
-    same backend and device is closed, never a graph another device's job is running."""
+    at its path is another detector: the kept one would refuse its changed file); that kind's older one on the
+    same backend and device is closed, never a graph another device's job is running. Of the idle ones, only
+    :func:`keep_preprocessors` per backend and device stay (the most recently used); inside :class:`held` the
+    detector is in use, and no other thread closes it until the block ends."""
     if backend != "auto":  # keyed as they resolve: a job's (the pipeline's device) and serve's detect's (None) are one
         from ..runtime import select
 
@@ -222,11 +311,21 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
     from ..stamps import file_stamp
 
     key = (kind, backend, str(device), *(str(f) for f in files), *(file_stamp(f) for f in files))
+    holding = getattr(_HOLDING, "keys", None)
     with _DWPOSE_LOCK:
+        _TICK[0] += 1
+        _USED[key] = _TICK[0]
         if key not in _DWPOSE:
-            for old in [k for k in _DWPOSE if k[:3] == key[:3]]:
-                _DWPOSE.pop(old).close()
-            _DWPOSE[key] = make(backend, device)
+            _STALE.update(k for k in _DWPOSE if k[:3] == key[:3])
+            try:
+                _DWPOSE[key] = make(backend, device)
+            except BaseException:
+                _USED.pop(key, None)
+                raise
+        if holding is not None:
+            holding.append(key)
+            _USERS[key] = _USERS.get(key, 0) + 1
+        _trim(protect=key)
         return _DWPOSE[key]
 
 
@@ -362,7 +461,14 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
     ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files;
     the lineart models: their ``.pth`` or a folder holding it),
-    compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
+    compiled on ``backend``/``device`` and in use until the map is made (:class:`held`); ``where``: how the
+    caller names ``models`` in errors."""
+    with held():
+        return _made(rgb, name, low, high, resolution, seed, models, backend, device, where)
+
+
+def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, resolution: int | None,
+          seed: int | None, models: Any, backend: str, device: Any, where: str) -> np.ndarray:
     from . import controlmaps as cm
 
     spec = SPECS[name]

@@ -649,12 +649,13 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import dwpose, openpose_body, pose_detect
+    from ..pipelines.preprocessors import dwpose, held, openpose_body, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
-           dwpose(files, backend, device, where="controlnet_module"))
-    made, pose = pose_detect(padded, det)
+    with held():  # in use: a job's trim on another thread leaves it open
+        det = (openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
+               dwpose(files, backend, device, where="controlnet_module"))
+        made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
 
 
