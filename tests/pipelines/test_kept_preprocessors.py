@@ -133,3 +133,90 @@ def test_serve_keep_preprocessors_flag(tmp_path, clean):
     assert preprocessors.keep_preprocessors() == 3
     with pytest.raises(InputError, match="--keep-preprocessors -1 is below 0"):
         config_from_args(build_parser().parse_args(["serve", "--keep-preprocessors", "-1"]))
+
+
+def _unit(path):
+    from sdrt.pipelines.controlnet import ControlNet
+
+    return ControlNet("controlnet", IMAGE, preprocessor="depth_midas", processor_res=64, preprocessor_models=path)
+
+
+KW = dict(steps=2, seed=1, width=64, height=64, sampler="Euler")
+
+
+def test_the_plan_counts_the_detector(files, clean, tmp_path, capsys):
+    """A job with a model-backed preprocessor plans its detector as an extra part (``preprocessor:midas``: the
+    file's tensors as float32); ``--dry-run`` prints it beside the ControlNet."""
+    from PIL import Image
+    from pipeline_helpers import DATA
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+    from sdrt.pipelines.budget import DETECTOR_FOOTPRINT
+    from sdrt.weights import Weights
+
+    want = sum(4 * int(np.prod(s)) for s in Weights.open(files["depth_midas"]).shapes().values())
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+        plan = pipe.plan("a room", controlnets=[_unit(files["depth_midas"])], **KW).memory
+    placed = plan.placement("preprocessor:midas")
+    assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == want
+    assert plan.footprints["preprocessor:midas"] == DETECTOR_FOOTPRINT
+    assert placed.peak_bytes >= plan.base_bytes + DETECTOR_FOOTPRINT * want
+    png = tmp_path / "room.png"
+    Image.fromarray(IMAGE).save(png)
+    assert main(["generate", str(DATA / "tiny-sd15-controlnet"), "a room", "--steps", "1", "--backend", "openvino",
+                 "--control-image", str(png), "--control-preprocessor", "depth_midas",
+                 "--control-preprocessor-models", str(files["depth_midas"]), "--dry-run"]) == 0
+    out = capsys.readouterr()
+    assert "preprocessor:midas" in out.out + out.err and "preprocessor" in out.out + out.err
+
+
+def test_a_tight_budget_closes_the_detector_before_the_unet(files, clean):
+    """With room the detector stays kept after the job; under a budget below every part resident the plan releases
+    it, and it is closed once the maps are made (before the denoiser runs): nothing is kept after the job, and the
+    image is the same."""
+    from pipeline_helpers import DATA
+
+    from sdrt import pipelines
+
+    seen: list[list[str]] = []
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+        roomy = pipe.generate("a room", controlnets=[_unit(files["depth_midas"])], **KW)
+        plan = pipe.memory_plan()
+        assert _kept() == ["midas"] and plan.placement("preprocessor:midas").placement == "resident"
+    # half of what the job needs above the process: the detector (the largest part) cannot stay
+    budget = int(plan.base_bytes + (plan.peak_bytes - plan.base_bytes) / 2)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend="openvino", memory=budget) as pipe:
+        tight = pipe.generate("a room", controlnets=[_unit(files["depth_midas"])],
+                              callback=lambda *a: seen.append(_kept()), **KW)
+        assert pipe.memory_plan().placement("preprocessor:midas").placement == "released"
+    assert seen and all(k == [] for k in seen), seen  # closed before the first step
+    assert _kept() == [] and np.array_equal(roomy.images[0], tight.images[0])
+
+
+@pytest.fixture(scope="module")
+def big_midas(tmp_path_factory):
+    """MiDaS at a ViT width of 512 (169 MiB of float32 weights): big enough for the RSS to show it."""
+    from sdrt.pipelines import midasdepth
+
+    return write_pth(tmp_path_factory.mktemp("bigmidas") / midasdepth.MIDAS_FILE,
+                     make_weights(dict(SMALL, embed=512, mlp=2048)))
+
+
+def test_the_released_detector_leaves_the_unets_rss(big_midas):
+    """Measured in a process of its own (tests/pipelines/kept_rss_probe.py): while the UNet runs, the process holds
+    less by at least the detector's weights when the tight budget released it."""
+    import json
+    import subprocess
+
+    probe = Path(__file__).resolve().parent / "kept_rss_probe.py"
+    got = {}
+    for mode in ("roomy", "tight"):
+        run = subprocess.run([sys.executable, str(probe), str(big_midas), mode], capture_output=True, text=True,
+                             timeout=600)
+        assert run.returncode == 0, run.stderr[-2000:]
+        got[mode] = json.loads(run.stdout.strip().splitlines()[-1])
+    roomy, tight = got["roomy"], got["tight"]
+    assert roomy["placed"] == "resident" and roomy["kept"] == ["midas"], roomy
+    assert tight["placed"] == "released" and tight["kept"] == [], tight
+    assert tight["unet_rss"] < roomy["unet_rss"] - roomy["detector_bytes"], got

@@ -297,12 +297,14 @@ class AnnotatorNet:
 
             sess = self._sessions[size] = load(self.build(*size), backend=self.backend, device=self.device,
                                                **fp32_options(self.backend, self.device))
+            self._arrays = None  # the session holds its own copy; another size reads the (mapped) file again
         return sess
 
     def close(self) -> None:
         for s in self._sessions.values():
             s.close()
         self._sessions.clear()
+        self._arrays = None  # the float32 copy of the file's weights goes too (read again if it runs again)
 
     def __enter__(self) -> AnnotatorNet:
         return self

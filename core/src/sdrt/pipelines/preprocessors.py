@@ -62,7 +62,7 @@ from ..errors import InputError
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "NOT_HERE", "SPECS", "WITH_MODELS", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -327,6 +327,45 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
             _USERS[key] = _USERS.get(key, 0) + 1
         _trim(protect=key)
         return _DWPOSE[key]
+
+
+def kind_of(name: str) -> str:
+    """The kept detector model-backed preprocessor ``name`` runs (``depth_midas`` and ``normal_midas``: ``midas``;
+    the three HED ones: ``hed``), as :func:`kept_detectors` and the memory plan name it."""
+    if name in ("depth_midas", "normal_midas"):
+        return "midas"
+    return SOFTEDGE[name][0] if name in SOFTEDGE else name
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A model-backed preprocessor's detector as a job's memory plan counts it (an extra part of role
+    ``preprocessor``): its kind (:func:`kind_of`) and files; ``path``: the first (the plan's identity)."""
+
+    kind: str
+    files: tuple[Path, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.files[0]
+
+    def weight_bytes(self) -> int:
+        """Bytes of its weights as it runs them: a ``.pth`` / ``.safetensors`` file's tensors as float32 (the
+        networks are rebuilt in float32), an ONNX file's size (DWPose's graphs as they are). Headers only."""
+        from ..weights import Weights
+
+        total = 0
+        for f in self.files:
+            if Path(f).suffix.lower() == ".onnx":
+                total += Path(f).stat().st_size
+            else:
+                total += sum(4 * math.prod(shape) for shape in Weights.open(f).shapes().values())
+        return total
+
+
+def detector(name: str, models: Any, where: str = "models") -> Detector:
+    """The :class:`Detector` model-backed preprocessor ``name`` runs from ``models``."""
+    return Detector(kind_of(name), model_files(name, models, where))
 
 
 def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
