@@ -201,11 +201,19 @@ def test_preprocess_maps_and_json(refs, models):
     image = refs["image"]
     out = preprocessors.preprocess(image, "openpose_faceonly", resolution=None, models=models, backend="openvino")
     assert np.array_equal(out, refs["map_openpose_faceonly"])
-    full = preprocessors.openpose_parts("openpose_full", models, "openvino")
-    face = preprocessors.openpose_parts("openpose_face", models, "openvino")
-    hand = preprocessors.openpose_parts("openpose_hand", models, "openvino")
-    assert face.face is full.face and hand.hand is full.hand and hand.face is None and face.hand is None
-    assert full.body is preprocessors.openpose_body(models, "openvino")
+    before = preprocessors.keep_preprocessors(5)  # kept across uses (the default keeps the last use's nets)
+    try:
+        full = preprocessors.openpose_parts("openpose_full", models, "openvino")
+        face = preprocessors.openpose_parts("openpose_face", models, "openvino")
+        hand = preprocessors.openpose_parts("openpose_hand", models, "openvino")
+        assert face.face is full.face and hand.hand is full.hand and hand.face is None and face.hand is None
+        assert full.body is preprocessors.openpose_body(models, "openvino")
+    finally:
+        preprocessors.keep_preprocessors(before)
+    with preprocessors.held():  # one use: its three networks stay together at the default bound
+        full = preprocessors.openpose_parts("openpose_full", models, "openvino")
+    assert {k for k, *_ in preprocessors.kept_detectors()} == {"openpose", "openpose_hand_model", "openpose_face_model"}
+    assert preprocessors.openpose_parts("openpose_full", models, "openvino").hand is full.hand
     made, pose = preprocessors.pose_detect(image, full)
     assert np.array_equal(made, refs["map_openpose_full"])
     assert json.loads(json.dumps(pose)) == json.loads(str(refs["json"]))

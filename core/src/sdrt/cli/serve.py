@@ -51,6 +51,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--max-body-mb", type=float, default=32.0, help="largest request body (default 32 MB)")
     p.add_argument("--max-queue", type=int, default=64, help="queued jobs before new ones get 503 (default 64)")
     p.add_argument("--keep-models", type=int, default=2, help="pipelines each worker keeps loaded (default 2)")
+    p.add_argument("--keep-preprocessors", type=int, default=1,
+                   help="compiled model-backed preprocessors (DWPose, MiDaS, ...) kept loaded per device once idle, "
+                        "the most recently used (default 1; 0: closed after each use)")
     p.add_argument("--low-memory", action="store_true", default=False, help="keep only the running part loaded")
     p.add_argument("--ray", action="store_true",
                    help="run as a Ray Serve deployment (one replica per --device; needs sdrt[ray])")
@@ -76,7 +79,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
 
     for flag, value, low in (("--port", args.port, 0), ("--max-size", args.max_size, 8), ("--max-steps", args.max_steps, 1),
                              ("--max-batch", args.max_batch, 1), ("--max-images", args.max_images, 1),
-                             ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1)):
+                             ("--max-queue", args.max_queue, 1), ("--keep-models", args.keep_models, 1),
+                             ("--keep-preprocessors", args.keep_preprocessors, 0)):
         if value < low:
             raise InputError(f"{flag} {value} is below {low}", where=flag, fix=f"pass {low} or more")
     from ..pipelines.bounds import MAX_BATCH, MAX_SIDE, MAX_STEPS
@@ -119,7 +123,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                        vae_dir=_folder(args.vae_dir, "--vae-dir"),
                        text_encoder_dir=_folder(args.text_encoder_dir, "--text-encoder-dir"),
                        devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
-                       limits=limits, keep_models=args.keep_models, low_memory=args.low_memory or False,
+                       limits=limits, keep_models=args.keep_models,
+                       keep_preprocessors=args.keep_preprocessors, low_memory=args.low_memory or False,
                        default_model=args.default_model, checkpoint_base=args.checkpoint_base,
                        cors_origins=tuple(o.strip() for o in (args.cors_allow_origins or "").split(",") if o.strip()))
 

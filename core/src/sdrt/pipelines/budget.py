@@ -500,6 +500,13 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
     return total - floats + stored, stored, narrow
 
 
+#: a compiled preprocessor detector's bytes per byte of its float32 weights while it compiles and runs: its network
+#: is built as an in-memory graph and compiled whole (MiDaS on OpenVINO's CPU device, tests/pipelines/kept_rss_probe.py:
+#: the process peaked 4.6x its 169 MiB of weights above the model at a ViT width of 512, 5.6x its 470 MiB at the
+#: published size; once compiled it holds 1.1-2.2x)
+DETECTOR_FOOTPRINT = 5.5
+
+
 def extra_identity(name: str, role: str, extra: Any) -> tuple[Any, ...]:
     """What tells one extra part (``sdrt.pipelines.plan.extra_parts``) from another for the plan: its name and role,
     its graph, and the weights file bound onto it with that file's version (a ControlNet ``.safetensors`` on the
@@ -520,7 +527,8 @@ def extra_bytes(extras: Mapping[str, tuple[str, Any]]) -> int:
     total = 0
     for _, (role, extra) in extras.items():
         try:
-            total += upscaler_bytes(extra) if role == "upscaler" else part_weight_bytes(extra)
+            total += (upscaler_bytes(extra) if role == "upscaler" else extra.weight_bytes() if role == "preprocessor"
+                      else part_weight_bytes(extra))
         except Exception as exc:  # noqa: BLE001 - an estimate: a part that cannot be sized counts none
             log.debug("memory: no size for the %s %s: %s", role, extra, exc)
     return total
@@ -635,13 +643,16 @@ class MemoryMixin:
         extras = dict(extras or {})
         # the run's parts besides the model's own: ControlNets and an image encoder (dry twins: graph and weights
         # as the run binds them), the hires fix's model upscaler (its file's tensors, run in float32)
-        parts = {**self._parts, **{n: e for n, (r, e) in extras.items() if r != "upscaler"}}
+        # and each model-backed preprocessor's detector (its file's tensors in float32: it makes the maps first)
+        parts = {**self._parts, **{n: e for n, (r, e) in extras.items() if r not in ("upscaler", "preprocessor")}}
         held = {name: part_memory(p, kept) for name, p in parts.items()}
         held.update({n: (upscaler_bytes(e), 0, 0) for n, (r, e) in extras.items() if r == "upscaler"})
+        held.update({n: (e.weight_bytes(), 0, 0) for n, (r, e) in extras.items() if r == "preprocessor"})
         weights = {name: h for name, (h, _, _) in held.items()}
         # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT (the
         # mapped file's pages and the backend's copy), less what their file stores narrower than the graph
         footprints = {name: (FOOTPRINT * (h - s) + s - n) / h for name, (h, s, n) in held.items() if (s or n) and h}
+        footprints.update({n: DETECTOR_FOOTPRINT for n, (r, _) in extras.items() if r == "preprocessor"})
         if self.memory is not None:
             budget, source = self.memory, "memory="
         else:
@@ -723,6 +734,16 @@ class MemoryMixin:
             log.warning("memory: the plan does not fit the budget:\n%s", plan.format())
         self._stage_peaks = {}
         self._stage_started()
+
+    def _release_preprocessors(self) -> None:
+        """Close the job's model-backed preprocessor detectors the plan releases (``preprocessor:<kind>``): the maps
+        are made (``_prepare``), before the denoiser loads; one another thread uses stays (``preprocessors.held``)."""
+        for name, (role, extra) in (getattr(self, "_job_extras", None) or {}).items():
+            if role == "preprocessor" and self._releases_extra(name):
+                from .preprocessors import release
+
+                if release(extra.kind, extra.files):
+                    log.info("memory: %s closed once its maps were made", name)
 
     def _releases_extra(self, name: str) -> bool:
         """Whether a part the run uses besides the model's own (a ControlNet, the hires fix's model upscaler) is

@@ -307,6 +307,7 @@ class AnnotatorNet:
 
                 sess = load(self.build(*size), backend=self.backend, device=self.device,
                             **fp32_options(self.backend, self.device))
+                self._arrays = None  # the session holds its own copy; another size reads the (mapped) file again
             self._sessions[size] = sess  # the most recent last
             while len(self._sessions) > self.KEEP:
                 # the least recently used let go, not closed: another thread may be running it; it is freed when
@@ -319,6 +320,7 @@ class AnnotatorNet:
             for s in self._sessions.values():
                 s.close()
             self._sessions.clear()
+            self._arrays = None  # the float32 copy of the file's weights goes too (read again if it runs again)
 
     def __enter__(self) -> AnnotatorNet:
         return self

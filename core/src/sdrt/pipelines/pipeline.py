@@ -1041,6 +1041,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
             self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan),
                                     extras=getattr(self, "_job_extras", None), beside=getattr(self, "_job_beside", None))
+            self._release_preprocessors()  # the maps are made: a detector the plan releases goes before the UNet
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
 

@@ -183,13 +183,14 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
 
 
 #: the roles of the parts a run uses besides the model's own (``extra_parts``)
-EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler")
+EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler", "preprocessor")
 
 
 def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     """``{name: (role, Part twin | upscaler file)}``: the parts this run uses that are not the model's own, for the
     memory plan: its ControlNets and an IP-Adapter's image encoder (the dry run's recording twins) and the hires
-    fix's model upscaler (its file: no part runs in the plan)."""
+    fix's model upscaler (its file: no part runs in the plan) and each model-backed preprocessor's detector
+    (``preprocessor:<kind>``: its files, ``preprocessors.Detector``; it makes the maps before anything else runs)."""
     out: dict[str, tuple[str, Any]] = {}
     for name, part in dry._parts.items():
         if name in pipe._parts or not part.record:
@@ -199,6 +200,12 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     hr = s.toolbox.hires if s.toolbox is not None else None
     if hr is not None and hr.model is not None and not hr.latent:
         out["upscaler"] = ("upscaler", hr.model)
+    from .preprocessors import WITH_MODELS, detector
+
+    for unit in (s.toolbox.controlnets if s.toolbox is not None else None) or []:
+        if unit.preprocessor in WITH_MODELS and unit.preprocessor_models is not None:
+            found = detector(unit.preprocessor, unit.preprocessor_models)
+            out.setdefault(f"preprocessor:{found.kind}", ("preprocessor", found))
     return out
 
 

@@ -67,7 +67,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "NOT_HERE", "SPECS", "WITH_MODELS", "check_net_pixels", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "NOT_HERE", "SPECS", "WITH_MODELS", "check_net_pixels", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -225,11 +225,108 @@ def dwpose(models: Any, backend: str = "auto", device: Any = None, where: str = 
                                                                                    device=dev))
 
 
+#: how many idle compiled detectors each backend and device keeps after use (:func:`keep_preprocessors`)
+_KEEP = [1]
+_USERS: dict[tuple, int] = {}  # key -> threads using that detector now
+_USED: dict[tuple, int] = {}  # key -> when it was last asked for (a count)
+_STALE: set[tuple] = set()  # a detector of files written anew or read from elsewhere: closed once idle
+_HOLDING = threading.local()  # the keys this thread uses inside ``held()``
+_TICK = [0]
+
+
+def keep_preprocessors(n: int | None = None) -> int:
+    """How many compiled model-backed preprocessors (DWPose, MiDaS, ...) stay loaded per backend and device once
+    no job uses them, the most recently used first (default 1: the last one; 0: each is closed after its maps are
+    made); ``n`` sets it (None: reads it). Returns the value before. One in use is never closed: it goes once idle."""
+    before = _KEEP[0]
+    if n is not None:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise InputError(f"keep_preprocessors must be a whole number >= 0, got {n!r:.40}", where="keep_preprocessors",
+                             fix="pass e.g. 1 (the last used one stays loaded) or 0 (none)")
+        with _DWPOSE_LOCK:
+            _KEEP[0] = n
+            _trim()
+    return before
+
+
+class held:
+    """``with held(): ...``: the detectors this thread asks for inside are in use until the block ends (no other
+    thread's trim closes them); then the idle ones beyond :func:`keep_preprocessors` per backend and device go."""
+
+    def __enter__(self) -> held:
+        self.outer = getattr(_HOLDING, "keys", None)
+        _HOLDING.keys = [] if self.outer is None else self.outer
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self.outer is not None:
+            return
+        keys, _HOLDING.keys = _HOLDING.keys, None
+        with _DWPOSE_LOCK:
+            # one use: the networks a preprocessor ran together (openpose_full's body, hand and face) share the
+            # time of the last one asked for, so they are kept or let go together
+            tick = max((_USED.get(k, 0) for k in keys), default=0)
+            for key in keys:
+                _USERS[key] -= 1
+                if not _USERS[key]:
+                    del _USERS[key]
+                if key in _DWPOSE:
+                    _USED[key] = tick
+            _trim()
+
+
+def _trim(protect: tuple | None = None) -> None:
+    """Close the idle detectors beyond the bound on each backend and device, the least recently used first, and
+    stale ones; never one in use (nor ``protect``, the one just handed out). Under the lock."""
+    groups: dict[tuple, list[tuple]] = {}
+    for key in _DWPOSE:
+        groups.setdefault(key[1:3], []).append(key)
+    for keys in groups.values():
+        fresh = [k for k in keys if k not in _STALE]
+        last = sorted({_USED.get(k, 0) for k in fresh}, reverse=True)[:_KEEP[0]]  # the last uses (a use's nets share
+        drop = [k for k in keys if k in _STALE] + [k for k in fresh if _USED.get(k, 0) not in last]  # its tick)
+        for key in drop:
+            if key == protect or _USERS.get(key):
+                continue
+            _STALE.discard(key)
+            _USED.pop(key, None)
+            _DWPOSE.pop(key).close()
+
+
+def release(kind: str | None = None, files: Any = None) -> int:
+    """Close the idle kept detectors (of ``kind`` and ``files`` where given): the memory plan's release of a
+    preprocessor once its maps are made. Returns how many were closed; one in use stays."""
+    names = None if files is None else {str(f) for f in files}
+    if kind in OPENPOSE_PARTS:  # its networks are kept as the body's, the hand's and the face's: by their files
+        kind = None
+    closed = 0
+    with _DWPOSE_LOCK:
+        for key in list(_DWPOSE):
+            own = key[3:3 + (len(key) - 3) // 2]  # (kind, backend, device, *files, *their stamps)
+            if (kind is not None and key[0] != kind) or (names is not None and not set(own) <= names):
+                continue
+            if _USERS.get(key):
+                continue
+            _STALE.discard(key)
+            _USED.pop(key, None)
+            _DWPOSE.pop(key).close()
+            closed += 1
+    return closed
+
+
+def kept_detectors() -> list[tuple[str, str, str, bool]]:
+    """``(kind, backend, device, in use)`` of each compiled detector kept now, the most recently used first."""
+    with _DWPOSE_LOCK:
+        return [(k[0], k[1], k[2], bool(_USERS.get(k))) for k in sorted(_DWPOSE, key=lambda k: -_USED.get(k, 0))]
+
+
 def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: Any) -> Any:
     """The pose detector ``make(backend, device)`` of ``files``, kept: one per kind, backend and device (serve runs
     a job per device at once, and /controlnet/detect beside them), keyed on the files' versions (a file written anew
-    at its path is another detector: the kept one would refuse its changed file); only that kind's older one on the
-    same backend and device is closed, never a graph another device's job is running."""
+    at its path is another detector: the kept one would refuse its changed file); that kind's older one on the
+    same backend and device is closed, never a graph another device's job is running. Of the idle ones, only
+    :func:`keep_preprocessors` per backend and device stay (the most recently used); inside :class:`held` the
+    detector is in use, and no other thread closes it until the block ends."""
     if backend != "auto":  # keyed as they resolve: a job's (the pipeline's device) and serve's detect's (None) are one
         from ..runtime import select
 
@@ -238,11 +335,22 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
     from ..stamps import file_stamp
 
     key = (kind, backend, str(device), *(str(f) for f in files), *(file_stamp(f) for f in files))
+    holding = getattr(_HOLDING, "keys", None)
     with _DWPOSE_LOCK:
+        _TICK[0] += 1
+        _USED[key] = _TICK[0]
         if key not in _DWPOSE:
-            for old in [k for k in _DWPOSE if k[:3] == key[:3]]:
-                _DWPOSE.pop(old).close()
-            _DWPOSE[key] = make(backend, device)
+            _STALE.update(k for k in _DWPOSE if k[:3] == key[:3])
+            try:
+                _DWPOSE[key] = make(backend, device)
+            except BaseException:
+                _USED.pop(key, None)
+                raise
+        if holding is not None:  # the trim waits for the use's end (its other networks are asked for next)
+            holding.append(key)
+            _USERS[key] = _USERS.get(key, 0) + 1
+        else:
+            _trim(protect=key)
         return _DWPOSE[key]
 
 
@@ -256,6 +364,45 @@ def check_net_pixels(height: int, width: int, resolution: int) -> None:
                                 f"for the preprocessor's network, above {MAX_NET_PIXELS} pixels (2048x8192)",
                                 where="sdrt.pipelines.preprocessors.processor_res",
                                 fix="pass a smaller processor resolution, or crop the image to nearer a square")
+
+
+def kind_of(name: str) -> str:
+    """The kept detector model-backed preprocessor ``name`` runs (``depth_midas`` and ``normal_midas``: ``midas``;
+    the three HED ones: ``hed``), as :func:`kept_detectors` and the memory plan name it."""
+    if name in ("depth_midas", "normal_midas"):
+        return "midas"
+    return SOFTEDGE[name][0] if name in SOFTEDGE else name
+
+
+@dataclass(frozen=True)
+class Detector:
+    """A model-backed preprocessor's detector as a job's memory plan counts it (an extra part of role
+    ``preprocessor``): its kind (:func:`kind_of`) and files; ``path``: the first (the plan's identity)."""
+
+    kind: str
+    files: tuple[Path, ...]
+
+    @property
+    def path(self) -> Path:
+        return self.files[0]
+
+    def weight_bytes(self) -> int:
+        """Bytes of its weights as it runs them: a ``.pth`` / ``.safetensors`` file's tensors as float32 (the
+        networks are rebuilt in float32), an ONNX file's size (DWPose's graphs as they are). Headers only."""
+        from ..weights import Weights
+
+        total = 0
+        for f in self.files:
+            if Path(f).suffix.lower() == ".onnx":
+                total += Path(f).stat().st_size
+            else:
+                total += sum(4 * math.prod(shape) for shape in Weights.open(f).shapes().values())
+        return total
+
+
+def detector(name: str, models: Any, where: str = "models") -> Detector:
+    """The :class:`Detector` model-backed preprocessor ``name`` runs from ``models``."""
+    return Detector(kind_of(name), model_files(name, models, where))
 
 
 def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
@@ -384,13 +531,14 @@ def openpose_parts(name: str, models: Any, backend: str = "auto", device: Any = 
 
     files = model_files(name, models, where)  # the body's file first, then the hand's and the face's
     body = files[0]
-    nets = {"body": _kept("openpose", (body,), backend, device,
-                          lambda be, dev: OpenPoseBody(body, backend=be, device=dev))}
-    kinds = [k for k, f in (("hand", HAND_FILE), ("face", FACE_FILE)) if f in ANNOTATORS[name].names]
-    for kind, path in zip(kinds, files[1:]):
-        cls = HandNet if kind == "hand" else FaceNet
-        nets[kind] = _kept(f"openpose_{kind}_model", (path,), backend, device,
-                           lambda be, dev, cls=cls, path=path: cls(path, backend=be, device=dev))
+    with held():  # one use: the body's, hand's and face's networks are kept (or let go) together
+        nets = {"body": _kept("openpose", (body,), backend, device,
+                              lambda be, dev: OpenPoseBody(body, backend=be, device=dev))}
+        kinds = [k for k, f in (("hand", HAND_FILE), ("face", FACE_FILE)) if f in ANNOTATORS[name].names]
+        for kind, path in zip(kinds, files[1:]):
+            cls = HandNet if kind == "hand" else FaceNet
+            nets[kind] = _kept(f"openpose_{kind}_model", (path,), backend, device,
+                               lambda be, dev, cls=cls, path=path: cls(path, backend=be, device=dev))
     return OpenPoseParts(name, nets["body"], nets.get("hand"), nets.get("face"))
 
 
@@ -420,7 +568,14 @@ def preprocess(rgb: np.ndarray, name: str, low: float | None = None, high: float
     at ``resolution`` (the shorter side; None: the image's own size); ``seed``: shuffle's numpy seed (None: 0);
     ``models``: the files of a preprocessor that runs a model (``dw_openpose_full``: DWPose's folder or two files;
     the lineart models: their ``.pth`` or a folder holding it),
-    compiled on ``backend``/``device``; ``where``: how the caller names ``models`` in errors."""
+    compiled on ``backend``/``device`` and in use until the map is made (:class:`held`); ``where``: how the
+    caller names ``models`` in errors."""
+    with held():
+        return _made(rgb, name, low, high, resolution, seed, models, backend, device, where)
+
+
+def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, resolution: int | None,
+          seed: int | None, models: Any, backend: str, device: Any, where: str) -> np.ndarray:
     from . import controlmaps as cm
 
     spec = SPECS[name]

@@ -43,6 +43,7 @@ class ServeConfig:
     tokens: tuple[str, ...] = ()
     limits: Limits = field(default_factory=Limits)
     keep_models: int = 2          # pipelines each worker keeps warm
+    keep_preprocessors: int = 1   # idle compiled preprocessor models kept per device (pipelines.preprocessors)
     low_memory: bool | None = False
     default_model: str | None = None
     checkpoint_base: str | None = None  # a model folder that .safetensors checkpoints bind onto (None: their own)

@@ -691,13 +691,14 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import OPENPOSE_PARTS, dwpose, openpose_body, openpose_parts, pose_detect
+    from ..pipelines.preprocessors import OPENPOSE_PARTS, dwpose, held, openpose_body, openpose_parts, pose_detect
 
     padded, (h, w) = processor_input(rgb, res)
-    det = (openpose_parts(pre, files, backend, device, where="controlnet_module") if pre in OPENPOSE_PARTS else
-           openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
-           dwpose(files, backend, device, where="controlnet_module"))
-    made, pose = pose_detect(padded, det)
+    with held():  # in use: a job's trim on another thread leaves it open
+        det = (openpose_parts(pre, files, backend, device, where="controlnet_module") if pre in OPENPOSE_PARTS else
+               openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
+               dwpose(files, backend, device, where="controlnet_module"))
+        made, pose = pose_detect(padded, det)
     return np.ascontiguousarray(made[:h, :w]), pose
 
 

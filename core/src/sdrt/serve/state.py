@@ -51,6 +51,9 @@ class ServerState:
                                          "hires_fix_refiner_pass": "second pass", "img2img_fix_steps": False,
                                          "refiner_switch_by_sample_steps": False, "upscaler_for_img2img": None}
         self.cluster = cluster
+        from ..pipelines.preprocessors import keep_preprocessors
+
+        keep_preprocessors(config.keep_preprocessors)  # the compiled detectors kept once idle (one process-wide cache)
         self.queue = JobQueue(config.devices, self.spec_for, keep=config.keep_models,
                               max_queue=config.limits.max_queue)
         if cluster is not None:
