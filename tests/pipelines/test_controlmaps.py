@@ -49,7 +49,8 @@ def test_canny_cases_are_not_all_empty():
 
 @pytest.mark.parametrize("key", sorted(k for k in _refs() if k.startswith("resize/")))
 def test_resamplers_match_opencv(key):
-    """Nearest and area: exact. Bicubic: within 1 level on at most 0.5 % of values (OpenCV's fixed point)."""
+    """Nearest and area: exact. Bicubic (the wheel's IPP): within 1 level on at most 0.01 % of values (measured: 0
+    and 1 of 90000; tests/pipelines/test_cvresize.py has the bit-exact cases)."""
     refs = _refs()
     _, name, kind, size = key.split("/")
     w, h = (int(v) for v in size.split("x"))
@@ -58,7 +59,7 @@ def test_resamplers_match_opencv(key):
     if kind in ("nearest", "area"):
         assert diff.max() == 0
     else:
-        assert diff.max() <= 1 and (diff > 0).mean() <= 0.005
+        assert diff.max() <= 1 and (diff > 0).mean() <= 0.0001
 
 
 def test_threshold_and_scribble():

@@ -187,7 +187,8 @@ def test_preprocess_at_a_resolution(refs, tiny):
     """At processor resolution 96: the extension's resize_image_with_pad (INTER_CUBIC to 96x120, edges padded to
     128x128), the detector at 518, the map cropped back, as three channels. From OpenCV's padded image the maps
     are the extension's; through preprocess() sdrt's own uint8 INTER_CUBIC (controlmaps.processor_input, 1 level
-    off OpenCV 5's on 1.5% of this image's values) moves 3-4% of the map's pixels by 1 level."""
+    off the wheel's IPP bicubic on 0.2% of this image's values, 1.5% before float32 weights and rounding half to
+    even) moves 0.7% of the map's pixels by 1 level (3-4% before)."""
     register("openvino")
     for version, key in ((1, "res96_v1_map"), (2, "res96_v2_map")):
         (path,) = annotators.find(NAMES[version], tiny, "models")
@@ -197,7 +198,7 @@ def test_preprocess_at_a_resolution(refs, tiny):
                                         backend="openvino")
         assert made.shape == (96, 120, 3) and np.array_equal(made[..., 0], made[..., 2])
         diff = np.abs(made[..., 0].astype(int) - refs[key])
-        assert diff.max() <= 1 and (diff > 0).mean() < 0.06, (int(diff.max()), float((diff > 0).mean()))
+        assert diff.max() <= 1 and (diff > 0).mean() < 0.012, (int(diff.max()), float((diff > 0).mean()))
     own = preprocessors.preprocess(refs["image"], "depth_anything", models=tiny, backend="openvino")
     assert own.shape == (64, 80, 3) and own.any()
 

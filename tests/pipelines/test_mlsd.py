@@ -109,8 +109,9 @@ def test_ends_opencv_refuses_stop_the_drawing():
 def test_at_processor_resolutions(refs, pth):
     """preprocess() at a resolution (scaled, padded to 64, cropped) equals the extension's at 64 (area, shrinking);
     at 96 (bicubic, enlarging) the map from OpenCV's own resized image is equal, and through sdrt's bicubic, which
-    differs from OpenCV's by one level on 86 of 49152 values here, 172 of 12096 pixels differ (the random network
-    moves line ends across a pixel for that); without a resolution the image is padded as at its own size."""
+    differs from the wheel's (IPP's) by one level on 32 of 36288 values here, 108 of 12096 pixels differ (the random
+    network moves line ends across a pixel for that; 172 when sdrt's bicubic was 54 values off); without a
+    resolution the image is padded as at its own size."""
     from sdrt.pipelines import preprocessors
 
     register("openvino")
@@ -121,7 +122,7 @@ def test_at_processor_resolutions(refs, pth):
     det = preprocessors.mlsd(pth, "openvino")
     assert np.array_equal(det(refs["pad_96"])[:126, :96], refs["map_96"])
     made = preprocessors.preprocess(image, "mlsd", resolution=96, models=pth, backend="openvino")
-    assert made.shape == (126, 96, 3) and int((made[:, :, 0] != refs["map_96"]).sum()) <= 200
+    assert made.shape == (126, 96, 3) and int((made[:, :, 0] != refs["map_96"]).sum()) <= 130
     made = preprocessors.preprocess(image, "mlsd", resolution=None, models=pth, backend="openvino")
     assert np.array_equal(made[:, :, 0], refs["map_own"])
     strict = preprocessors.preprocess(image, "mlsd", 0.3, 4.0, resolution=None, models=pth, backend="openvino")
