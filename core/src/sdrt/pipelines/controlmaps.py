@@ -24,6 +24,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,6 +37,7 @@ __all__ = [
     "ControlImageError",
     "canny",
     "control_tensor",
+    "fit",
     "invert",
     "processor_input",
     "resize_control",
@@ -237,25 +239,35 @@ def resize_control(image: np.ndarray, width: int, height: int, mode: str = "Crop
                                 fix=f"use one of {', '.join(repr(m) for m in RESIZE_MODES)}")
     if int(width) < 1 or int(height) < 1:
         raise ControlImageError(f"output size {width}x{height}", where=where, fix="pass a positive width and height")
-    w, h = int(width), int(height)
+    return fit(a, int(width), int(height), key, _hq_resize, where)
+
+
+def fit(a: np.ndarray, w: int, h: int, key: str, resize: Callable[[np.ndarray, int, int], np.ndarray],
+        where: str) -> np.ndarray:
+    """``a`` (HxWxC uint8) brought to ``w x h`` by one of the resize modes ``key`` (canonical), as the extension's
+    ``detectmap_proc`` does for every map: ``resize(a, w, h)`` resamples; "Resize and Fill" pads with the borders'
+    median colour (an RGBA map's padding masked: alpha 255), "Crop and Resize" scales to cover and crops the
+    centre."""
     if key == "Just Resize":
-        return _hq_resize(a, w, h)
+        return resize(a, w, h)
     old_h, old_w = a.shape[:2]
     k0, k1 = h / old_h, w / old_w
     if key == "Resize and Fill":
         k = min(k0, k1)
         borders = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]], axis=0)
         fill = np.median(borders, axis=0).astype(np.uint8)
+        if fill.shape[0] == 4:
+            fill[3] = 255
         out = np.tile(fill[None, None], (h, w, 1))
         # a 1x400 strip fitted in 64x64 is 0.16 pixels tall: one pixel (OpenCV would refuse a 0 size)
-        small = _hq_resize(a, max(1, int(np.round(old_w * k))), max(1, int(np.round(old_h * k))))
+        small = resize(a, max(1, int(np.round(old_w * k))), max(1, int(np.round(old_h * k))))
         nh, nw = small.shape[:2]
         ph, pw = max(0, (h - nh) // 2), max(0, (w - nw) // 2)
         out[ph:ph + nh, pw:pw + nw] = small[: h - ph, : w - pw]
         return out
     k = max(k0, k1)
     scaled_side(old_h, old_w, k, where, "a control image this narrow, cropped and resized")
-    big = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
+    big = resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
     nh, nw = big.shape[:2]
     ph, pw = max(0, (nh - h) // 2), max(0, (nw - w) // 2)
     return np.ascontiguousarray(big[ph:ph + h, pw:pw + w])

@@ -71,31 +71,11 @@ def _hq_resize(a: np.ndarray, width: int, height: int) -> np.ndarray:
 
 def resize_map(a: np.ndarray, width: int, height: int, mode: str) -> np.ndarray:
     """The RGBA map at ``width x height`` with the unit's resize mode, as the extension's ``detectmap_proc`` resizes
-    an inpaint map: ``Resize and Fill`` pads with the borders' median colour, masked (alpha 255)."""
-    from .controlmaps import scaled_side
+    an inpaint map (:func:`sdrt.pipelines.controlmaps.fit`: ``Resize and Fill`` pads with the borders' median
+    colour, masked)."""
+    from .controlmaps import fit
 
-    if mode == "Just Resize":
-        return _hq_resize(a, width, height)
-    old_h, old_w = a.shape[:2]
-    k0, k1 = height / old_h, width / old_w
-    if mode == "Resize and Fill":
-        k = min(k0, k1)
-        borders = np.concatenate([a[0], a[-1], a[:, 0], a[:, -1]], axis=0)
-        fill = np.median(borders.astype(np.float32), axis=0).astype(np.uint8)
-        fill[3] = 255
-        out = np.tile(fill[None, None], (height, width, 1))
-        # a 1x400 strip fitted in 64x64 is 0.16 pixels tall: one pixel (OpenCV would refuse a 0 size)
-        small = _hq_resize(a, max(1, int(np.round(old_w * k))), max(1, int(np.round(old_h * k))))
-        nh, nw = small.shape[:2]
-        ph, pw = max(0, (height - nh) // 2), max(0, (width - nw) // 2)
-        out[ph:ph + nh, pw:pw + nw] = small[: height - ph, : width - pw]
-        return out
-    k = max(k0, k1)
-    scaled_side(old_h, old_w, k, "control image", "a control image this narrow, cropped and resized")
-    big = _hq_resize(a, int(np.round(old_w * k)), int(np.round(old_h * k)))
-    nh, nw = big.shape[:2]
-    ph, pw = max(0, (nh - height) // 2), max(0, (nw - width) // 2)
-    return np.ascontiguousarray(big[ph:ph + height, pw:pw + width])
+    return fit(a, width, height, mode, _hq_resize, "control image")
 
 
 def hint(a: np.ndarray) -> np.ndarray:
