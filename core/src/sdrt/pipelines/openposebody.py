@@ -250,7 +250,12 @@ def prepare(bgr: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
     h0, w0 = bgr.shape[:2]
     scale = 0.5 * BOXSIZE / h0
     ht, wt = h0 * scale, w0 * scale
-    img = _smart_resize(bgr, int(wt), int(ht), float(ht + wt) / float(h0 + w0))
+    return padded_input(_smart_resize(bgr, int(wt), int(ht), float(ht + wt) / float(h0 + w0)))
+
+
+def padded_input(img: np.ndarray) -> tuple[np.ndarray, tuple[int, int]]:
+    """``(1x3xHpxWp float32 input, (h, w) unpadded)`` of a scaled BGR uint8 image: padded right and down to
+    multiples of the stride with 128, read as ``x / 256 - 0.5`` (body.py's and hand.py's ``padRightDownCorner``)."""
     h, w = img.shape[:2]
     ph = 0 if h % STRIDE == 0 else STRIDE - h % STRIDE
     pw = 0 if w % STRIDE == 0 else STRIDE - w % STRIDE

@@ -32,7 +32,7 @@ __all__ = ["HAND_FILE", "CpmNet", "HandNet", "build_graph", "cpm_shapes", "hand_
 
 HAND_FILE = "hand_pose_model.pth"
 SCALES = (0.5, 1.0, 1.5, 2.0)
-BOXSIZE, STRIDE, PAD_VALUE = 368, 8, 128
+BOXSIZE, STRIDE = 368, 8
 WSIZE = 128
 THRESHOLD = 0.05
 PARTS = 21
@@ -199,20 +199,14 @@ class HandNet(CpmNet):
     def heatmaps(self, bgr: np.ndarray) -> np.ndarray:
         """The ``(128, 128, 22)`` float64 heatmaps averaged over the 4 scales, of a BGR uint8 crop."""
         from .gaussian import gaussian_blur
-        from .openposebody import _smart_resize
+        from .openposebody import _smart_resize, padded_input
 
         h0, w0 = bgr.shape[:2]
         img = gaussian_blur(bgr, 0.8)
         avg = np.zeros((WSIZE, WSIZE, self.OUT))
         for s in SCALES:
             side = s * BOXSIZE
-            x = _smart_resize(img, int(side), int(side), float(side + side) / float(h0 + w0))
-            h, w = x.shape[:2]
-            ph = 0 if h % STRIDE == 0 else STRIDE - h % STRIDE
-            pw = 0 if w % STRIDE == 0 else STRIDE - w % STRIDE
-            padded = np.full((h + ph, w + pw, 3), PAD_VALUE, np.uint8)
-            padded[:h, :w] = x
-            inp = padded.transpose(2, 0, 1)[None].astype(np.float32) / np.float32(256) - np.float32(0.5)
+            inp, (h, w) = padded_input(_smart_resize(img, int(side), int(side), float(side + side) / float(h0 + w0)))
             maps = self.run(inp)
             c, hs, ws = maps.shape
             maps = _smart_resize(maps, ws * STRIDE, hs * STRIDE, 8.0)[:, :h, :w]
