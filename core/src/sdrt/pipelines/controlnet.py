@@ -270,16 +270,12 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              fix="pass start <= end (fractions of the steps, 0 to 1)")
         from .inpaintcn import ALIASES as INPAINT_ALIASES
         from .inpaintcn import INPAINT, LAMA
-        from .preprocessors import NOT_HERE
 
         unit.preprocessor = INPAINT_ALIASES.get(unit.preprocessor, unit.preprocessor)
         if unit.preprocessor == LAMA:
             raise InputError(f"{where}: {LAMA} fills the mask with the LaMa model first, which sdrt does not have",
                              where=where, fix="use preprocessor='inpaint_only' (the same hint and blend, without "
                                               "LaMa's fill) or 'inpaint'")
-        if unit.preprocessor in NOT_HERE:
-            raise InputError(f"{where}: {NOT_HERE[unit.preprocessor]}", where=where,
-                             fix="use preprocessor='dw_openpose_full' (or 'openpose' for the body alone)")
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")

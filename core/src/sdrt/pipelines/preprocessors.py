@@ -67,7 +67,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "NOT_HERE", "SPECS", "WITH_MODELS", "check_net_pixels", "check_pose_files", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -134,8 +134,6 @@ SPECS: dict[str, Spec] = {
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
             "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
             "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
-#: the extension's modules sdrt refuses by name, with what works instead (none at present)
-NOT_HERE: dict[str, str] = {}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
@@ -419,9 +417,6 @@ def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
             raise InputError(f"{where}: {f} is the {other} preprocessor's file, and {name} needs {need(name)}",
                              where=where, fix=f"pass {need(name)}, or use preprocessor {other}")
     return files
-
-
-check_pose_files = model_files  # the name it had when only the pose preprocessors read files
 
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
