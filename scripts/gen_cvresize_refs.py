@@ -1,4 +1,4 @@
-"""OpenCV's uint8 ``cv2.resize`` INTER_CUBIC and INTER_AREA on seeded random images, for sdrt.pipelines.cvresize.
+"""OpenCV's uint8 ``cv2.resize`` INTER_CUBIC, INTER_AREA and INTER_LINEAR on seeded random images, for sdrt.pipelines.cvresize.
 
     /work/refvenv/bin/python scripts/gen_cvresize_refs.py    # tests/data/cvresize/cubic_refs.npz
 
@@ -9,7 +9,8 @@ code at every size (as builds without IPP do). Stored, per case ``<kind>/<h>x<w>
 - ``own/...``: INTER_CUBIC with IPP off: the SHA-256 of the output's bytes (``hash/``), a few outputs whole;
 - ``ipp/...``: INTER_CUBIC as the wheel runs it (IPP on): hashes for sources under 4 on a side (OpenCV's own
   code), whole outputs for larger ones (IPP's arithmetic is not published: sdrt comes within a level of it);
-- ``area/...``: INTER_AREA, hashes.
+- ``area/...``: INTER_AREA, hashes;
+- ``linear/...``: INTER_LINEAR, hashes.
 
 The source images are regenerated from the seed in the test (``image(h, w, c)``), so only outputs are stored.
 """
@@ -66,6 +67,7 @@ def main() -> None:
             cv2.ipp.setUseIPP(True)
             wheel = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_CUBIC)
             area = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_AREA)
+            linear = cv2.resize(img, (ow, oh), interpolation=cv2.INTER_LINEAR)
             out[f"own/hash/{key}"] = digest(own)
             if key in whole_own:
                 out[f"own/whole/{key}"] = own
@@ -74,6 +76,7 @@ def main() -> None:
             elif (h, w) == (33, 17) or (h, w, oh, ow) in ((64, 80, 96, 120), (100, 72, 126, 96), (64, 80, 32, 40), (40, 52, 60, 78), (40, 52, 20, 26)):
                 out[f"ipp/whole/{key}"] = wheel
             out[f"area/hash/{key}"] = digest(area)
+            out[f"linear/hash/{key}"] = digest(linear)
     OUT.parent.mkdir(parents=True, exist_ok=True)
     np.savez_compressed(OUT, **out)
     print(OUT, len(out), OUT.stat().st_size, "bytes;", cv2.__version__, cv2.ipp.getIppVersion())

@@ -1,7 +1,7 @@
-"""sdrt's uint8 INTER_CUBIC and INTER_AREA against OpenCV 5.0's (tests/data/cvresize/cubic_refs.npz, written by
+"""sdrt's uint8 INTER_CUBIC, INTER_AREA and INTER_LINEAR against OpenCV 5.0's (tests/data/cvresize/cubic_refs.npz, written by
 scripts/gen_cvresize_refs.py from seeded images remade here): OpenCV's own fixed-point bicubic bit for bit at every
 size (what the wheel runs for a source under 4 pixels on a side, and builds without IPP everywhere); the wheel's
-IPP bicubic within a level on under 0.1 % of values; INTER_AREA bit for bit."""
+IPP bicubic within a level on under 0.1 % of values; INTER_AREA and INTER_LINEAR bit for bit."""
 
 from __future__ import annotations
 
@@ -91,3 +91,10 @@ def test_wheel_cubic_within_a_level_of_ipp(key):
 def test_area_bit_exact(key):
     img, ow, oh = _case(key)
     assert np.array_equal(_digest(resample(img, ow, oh, "area")), REFS[f"area/hash/{key}"]), key
+
+
+@pytest.mark.parametrize("key", _keys("linear/hash/"))
+def test_linear_bit_exact(key):
+    """INTER_LINEAR, the top and bottom rows too (OpenCV keeps the fractional weights of the clamped rows there)."""
+    img, ow, oh = _case(key)
+    assert np.array_equal(_digest(resample(img, ow, oh, "linear")), REFS[f"linear/hash/{key}"]), key

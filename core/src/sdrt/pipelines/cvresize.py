@@ -90,7 +90,7 @@ def resample(a: np.ndarray, width: int, height: int, kind: str) -> np.ndarray:
     if kind == "linear":
         if (h, w) == (height, width):
             return a.copy()
-        return _two_taps(a, *_linear_axis(w, width), *_linear_axis(h, height))
+        return _two_taps(a, *_linear_axis(w, width), *_linear_axis(h, height, rows=True))
     if kind == "nearest":
         # OpenCV: floor(x * (1 / fx)) with fx = dst / src, in doubles
         ys = np.minimum(np.floor(np.arange(height) * (1.0 / (height / h))).astype(int), h - 1)
@@ -201,19 +201,25 @@ def _area_linear(a: np.ndarray, width: int, height: int) -> np.ndarray:
     return _two_taps(a, *_area_linear_axis(a.shape[1], width), *_area_linear_axis(a.shape[0], height))
 
 
-def _linear_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+def _linear_axis(src: int, dst: int, rows: bool = False) -> tuple[np.ndarray, np.ndarray]:
     """OpenCV's INTER_LINEAR taps: ``(dx + 0.5) * scale - 0.5`` in doubles cast to float32, its floor the first
-    tap (clamped to the edges, where the weight goes whole to the edge pixel), weights in 11-bit fixed point."""
+    tap, weights in 11-bit fixed point. Past the edges both taps read the edge pixel: across a row the weight goes
+    whole to it, but down the columns (``rows``) OpenCV keeps the fractional split, which its vertical pass's
+    truncated products can round a level differently."""
     f = ((np.arange(dst) + 0.5) * (src / dst) - 0.5).astype(np.float32)
     s = np.floor(f).astype(np.int64)
     f = f - s
-    f = np.where(s < 0, np.float32(0), f)
-    s = np.where(s < 0, 0, s)
-    last = s >= src - 1
-    f = np.where(last, np.float32(0), f)
-    s = np.where(last, src - 1, s)
+    if rows:
+        idx = np.clip(np.stack([s, s + 1], axis=1), 0, src - 1)
+    else:
+        f = np.where(s < 0, np.float32(0), f)
+        s = np.where(s < 0, 0, s)
+        last = s >= src - 1
+        f = np.where(last, np.float32(0), f)
+        s = np.where(last, src - 1, s)
+        idx = np.stack([s, np.minimum(s + 1, src - 1)], axis=1)
     a1 = np.rint(f * np.float32(2048)).astype(np.int64)
-    return np.stack([s, np.minimum(s + 1, src - 1)], axis=1), np.stack([2048 - a1, a1], axis=1)
+    return idx, np.stack([2048 - a1, a1], axis=1)
 
 
 def _two_taps(a: np.ndarray, ix: np.ndarray, wx: np.ndarray, iy: np.ndarray, wy: np.ndarray) -> np.ndarray:
