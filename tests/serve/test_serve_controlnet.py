@@ -257,9 +257,6 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2 or one of "
      "Balanced, My prompt is more important, ControlNet is more important, got 'Loud'"),
     ({"model": "controlnet", "control_mode": 3}, 400, "control_mode", "control_mode must be 0 to 2"),
-    ({"model": "controlnet", "module": "threshold", "threshold_a": 300}, 400, "threshold_a", "at most 255"),
-    ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
-     "processor_res must be at most 2048"),  # the server's largest side (--max-size)
     ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
     # a boolean field is named as the request nests it, not by its bare key
     ({"model": "controlnet", "guess_mode": "maybe"}, 422, "guess_mode", "args[0].guess_mode must be true or false"),
@@ -274,6 +271,31 @@ def test_bad_units(cn_server, unit, status, field, words) -> None:
     body = r.json()
     assert body["field"] == f"alwayson_scripts.controlnet.args[0].{field}" and words in body["message"]
     assert "\n" not in body["message"]
+
+
+@pytest.mark.parametrize("unit, note, infotext", [
+    ({"module": "threshold", "threshold_a": 300}, "threshold_a: 300 is outside Binarization Threshold's 0 to 255, so "
+     "the default 127 ran", "Threshold A: 127"),
+    ({"module": "canny", "processor_res": 4096}, "processor_res: 4096 is outside Preprocessor Resolution's 64 to "
+     "2048, so the default 512 ran", "Processor Res: 512"),
+    ({"module": "canny", "processor_res": 32, "threshold_a": 0}, "threshold_a: 0 is outside Canny Low Threshold's "
+     "1 to 255, so the default 100 ran", "Threshold A: 100"),
+    ({"module": "canny", "threshold_a": -1, "threshold_b": -1}, None, "Threshold B: 200"),
+])
+def test_out_of_range_sliders_take_the_default(cn_server, unit, note, infotext) -> None:
+    """The extension's ``bound_check_params``: a slider value outside the slider's range runs the default (and is
+    named: the extension logs it, sdrt says it in ``sdrt_not_honoured``); -1, the API's "unset", silently."""
+    unit = {"image": _b64(_photo()), "model": "controlnet", **unit}
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 200, r.text[-400:]
+    info = json.loads(r.json()["info"])
+    notes = [n for n in info["sdrt_not_honoured"] if "args[0]." in n]
+    if note is None:
+        assert notes == [], notes
+    else:
+        assert any(note in n for n in notes), notes
+    assert infotext in info["infotexts"][0], info["infotexts"][0]
+
 
 
 def test_bad_script_shapes(cn_server) -> None:
@@ -348,8 +370,7 @@ def test_detect(cn_server) -> None:
                                 ({"controlnet_module": "canny", "controlnet_input_images": ["@@"]}, 400, "base64")):
         r = post(body)
         assert r.status_code == status and words in r.json()["message"], r.text
-    for module, key, value in (("canny", "controlnet_processor_res", 4096), ("canny", "controlnet_threshold_a", "x"),
-                               ("threshold", "controlnet_threshold_a", 300), ("canny", "controlnet_processor_res", 0)):
+    for module, key, value in (("canny", "controlnet_threshold_a", "x"), ("canny", "controlnet_processor_res", "inf")):
         r = post({"controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value})
         assert r.status_code in (400, 422) and r.json()["field"] == key and r.json()["message"].startswith(key), r.text
 
@@ -444,9 +465,16 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
         assert r.status_code == 200, r.text
         assert np.array_equal(_rgb(r.json()["images"][0]), want), body
     assert _rgb(post({"controlnet_module": "shuffle"}).json()["images"][0]).shape == (512, 614, 3)
-    for body, field, words in (({"controlnet_module": "tile_colorfix+sharp"}, "controlnet_module", "colour fix"),
-                               ({"controlnet_module": "blur_gaussian", "controlnet_threshold_a": 0},
-                                "controlnet_threshold_a", "the blur's sigma, must be above 0")):
+    # outside a slider's range, the default (the extension's bound_check_params): webuiapi's detect sends 64s
+    for body, want in (({"controlnet_module": "blur_gaussian", "controlnet_threshold_a": 0},
+                        preprocess(photo, "blur_gaussian", 9.0, None, 512)),
+                       ({"controlnet_module": "recolor_intensity", "controlnet_threshold_a": 64},
+                        preprocess(photo, "recolor_intensity", 1.0)),
+                       ({"controlnet_module": "tile_resample", "controlnet_threshold_a": 500},
+                        preprocess(photo, "tile_resample", 1.0))):
+        r = post(body)
+        assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), body
+    for body, field, words in (({"controlnet_module": "tile_colorfix+sharp"}, "controlnet_module", "colour fix"),):
         r = post(body)
         assert r.status_code == 400 and r.json()["field"] == field and words in r.json()["message"], r.text
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
@@ -461,13 +489,12 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
 
 
 @pytest.mark.parametrize(("module", "key", "value", "words"), [
-    ("tile_resample", "controlnet_threshold_a", 100, "leaves nothing of a 96x80 image"),
-    ("color", "controlnet_processor_res", 1, "has no 64-pixel cell"),
+    ("tile_resample", "controlnet_threshold_a", 8, "leaves nothing of a 6x5 image"),
 ])
 def test_detect_a_slider_the_picture_cannot_take_is_a_400_naming_it(cn_server, module, key, value, words) -> None:
     """A slider value in range that the picture cannot take (a down sampling rate leaving no pixel of it, a colour
     grid with no cell) is the preprocessor's refusal: a 400 naming the slider's field, not a 500."""
-    photo = _photo()[:80, :96].copy()
+    photo = _photo()[:5, :6].copy()
     r = requests.post(f"{cn_server}/controlnet/detect", json={
         "controlnet_module": module, "controlnet_input_images": [_b64(photo)], key: value}, timeout=60)
     assert r.status_code == 400, r.text
@@ -521,7 +548,8 @@ def test_webuiapi_only_masked_unit_sees_the_area_repainted(cn_server, cn_models,
                                     "blur_gaussian", "recolor_luminance", "recolor_intensity"])
 def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
     """webuiapi's controlnet_detect sends processor_res 512 and threshold_a/_b 64 whatever the module: the extension
-    takes them (its recolor gamma is a plain power, 64 included), so sdrt does too, each map the Python API's."""
+    (1.1.447 on) takes 64 where the slider reaches it and the slider's default where not (tile_resample's rate, the
+    recolor gamma), so sdrt does too, each map the Python API's."""
     webuiapi = pytest.importorskip("webuiapi", reason="the webuiapi client is a test dependency: pip install webuiapi")
     host, port = cn_server.removeprefix("http://").split(":")
     api = webuiapi.WebUIApi(host=host, port=int(port))
@@ -532,7 +560,8 @@ def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
         from sdrt.serve.controlnet import SLIDERS
 
         sliders = SLIDERS[module]
-        a = 64 if len(sliders) > 1 and sliders[1] is not None else None
+        slider = sliders[1] if len(sliders) > 1 else None
+        a = None if slider is None else 64 if slider["min"] <= 64 <= slider["max"] else slider["value"]
         res = 512 if module in ("lineart_standard", "shuffle") or (sliders and sliders[0] is not None) else None
         want = preprocess(photo, module, a, None, res)
         assert np.array_equal(np.asarray(detected.image.convert("RGB")), want)

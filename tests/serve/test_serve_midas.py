@@ -71,10 +71,12 @@ def test_detect_depth_and_normal(server, root) -> None:
                                                                  else None),
                                         resolution=64, models=root, backend="openvino")
         assert got.shape == (91, 64, 3) and np.array_equal(got, want), module
-    r = requests.post(f"{server}/controlnet/detect", json={
-        "controlnet_module": "normal_midas", "controlnet_threshold_a": 1.5,
-        "controlnet_input_images": [_b64(IMAGE)]}, timeout=60)
-    assert r.status_code == 400 and r.json()["field"] == "controlnet_threshold_a", r.text
+    # outside the slider's 0 to 1: the default, 0.4, as the extension's bound_check_params
+    maps = [requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "normal_midas", "controlnet_processor_res": 64, "controlnet_input_images": [_b64(IMAGE)],
+        **extra}, timeout=300) for extra in ({"controlnet_threshold_a": 1.5}, {"controlnet_threshold_a": 0.4})]
+    assert all(m.status_code == 200 for m in maps), maps[0].text
+    assert maps[0].json()["images"] == maps[1].json()["images"]
 
 
 def test_txt2img_unit(server) -> None:

@@ -60,8 +60,8 @@ def test_a_lora_asked_for_as_the_checkpoint_names_the_prompt_tag(url) -> None:
 
 def test_a_threshold_a_the_picture_cannot_take_names_threshold_a(url) -> None:
     """tile_resample's down sampling rate (threshold_a) larger than the control image: the unit's field."""
-    unit = {"model": "controlnet", "module": "tile_resample", "threshold_a": 500,
-            "image": _b64(np.full((64, 64, 3), 128, np.uint8))}
+    unit = {"model": "controlnet", "module": "tile_resample", "threshold_a": 8,
+            "image": _b64(np.full((4, 4, 3), 128, np.uint8))}
     r = _post(url, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
     assert r.status_code == 400, r.text
     body = r.json()

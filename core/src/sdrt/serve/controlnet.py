@@ -18,7 +18,6 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import FileChanged, InputError, ModelError, SdrtError, WeightsError
-from ..pipelines.colormaps import MAX_GAMMA
 from ..pipelines.controlmaps import RESIZE_MODES as CONTROL_RESIZE_MODES
 from ..pipelines.preprocessors import OPENPOSE_PARTS, WITH_MODELS
 from . import b64images, kontext
@@ -212,32 +211,37 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
 
 
 def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[str, str, str],
-             field: Callable[[str], str], max_res: int) -> tuple[float | None, float | None, float | None]:
+             field: Callable[[str], str], max_res: int,
+             notes: list[str] | None = None) -> tuple[float | None, float | None, float | None]:
     """``(processor_res, threshold_a, threshold_b)`` for preprocessor ``pre``, each read by ``read(name, highest)``
-    (processor_res at most ``max_res``: a map that size is the server's largest side) and named ``field(name)``.
-    The extension's ``bound_check_params``: a negative value takes the slider's default; a module without the
-    slider never reads it (None; the extension's own "scribble" has a fixed level, 127)."""
+    and named ``field(name)``. The extension's ``bound_check_params`` (its ``ControlNetUnit`` validator, which
+    ``/controlnet/detect`` runs too): a value outside the slider's range (-1, the API's "unset", among them) takes the
+    slider's default, and ``notes`` names each one that was not -1 (the extension logs it). A module without the
+    slider never reads it (None; the extension's own "scribble" has a fixed level, 127); ``shuffle`` runs at 512
+    whatever is sent (the extension fixes it there). A processor_res above ``max_res`` (the server's largest side)
+    is a 400."""
     module_name = next(m for m, p in MODULES.items() if p == pre)
     sliders = SLIDERS[module_name] or ([_UI_RES[module_name]] if module_name in _UI_RES else [])
-    values = [read(name, float(max_res) if k == 0 else None) for k, name in enumerate(names)]
-    res, a, b = ((s["value"] if v < 0 else v) if (s := sliders[k] if len(sliders) > k else None) is not None
-                 else None for k, v in enumerate(values))
-    if res is not None and res < 1:
-        raise ApiError(400, f"{field(names[0])} must be at least 1, got {res:g}", field=field(names[0]))
-    if pre == "threshold" and a is not None and a > 255:
-        raise ApiError(400, f"{field(names[1])} must be at most 255 (a grey level), got {a:g}", field=field(names[1]))
-    if pre == "blur_gaussian" and a is not None and not 0 < a <= 256:
-        raise ApiError(400, f"{field(names[1])}, the blur's sigma, must be above 0 and at most 256, got {a:g}",
-                       field=field(names[1]))
-    if pre == "normal_midas" and a is not None and a > 1:
-        raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
-                       field=field(names[1]))
-    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
-        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
-                       field=field(names[1]))
-    if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
-        raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
-                       field=field(names[1]))
+    out: list[float | None] = []
+    for k, name in enumerate(names):
+        value = read(name, None)
+        s = sliders[k] if len(sliders) > k else None
+        if s is None:
+            out.append(None)
+            continue
+        if module_name == "shuffle" and k == 0:
+            out.append(512.0)
+            continue
+        if not s["min"] <= value <= s["max"]:
+            if value != -1 and notes is not None:
+                notes.append(f"{field(name)}: {value:g} is outside {s['name']}'s {s['min']:g} to {s['max']:g}, so "
+                             f"the default {s['value']:g} ran, as the extension runs it")
+            value = float(s["value"])
+        out.append(value)
+    res, a, b = out
+    if res is not None and res > max_res:
+        raise ApiError(400, f"{field(names[0])} must be at most {max_res:g} (the server's --max-size), got {res:g}",
+                       field=field(names[0]))
     return res, a, b
 
 
@@ -540,7 +544,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         raise ApiError(400, f"{f('guidance_start')} {start:g} is after {f(end_key)} {end:g}", field=f("guidance_start"))
     resize = resize_mode(unit.get("resize_mode"), f("resize_mode"))
     res, a, b = _sliders(lambda name, high: num(name, -1.0, None, high), pre,
-                         ("processor_res", "threshold_a", "threshold_b"), f, max_res)
+                         ("processor_res", "threshold_a", "threshold_b"), f, max_res, notes)
     mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
     guess_key = "guess_mode" if unit.get("guess_mode") is not None else "guessmode"
     if flag(guess_key, None):  # the extension's own conversion while it read guess_mode (1.1.108-1.1.135)
