@@ -182,3 +182,33 @@ def test_colorfix_on_the_command_line(tmp_path, capsys) -> None:
     assert main(bad) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-threshold-a" in err and "whole number" in err, err
+
+
+def test_hook_doubles_the_blur_in_the_hires_pass_and_refuses_v_models() -> None:
+    """The hook as the pipeline builds it: in the hires fix's second pass a unit that takes part in it blurs twice
+    as wide (Variation 4 there is Variation 8 in a first pass), a "Low res only" unit does not (the extension
+    still fixes it); a v-prediction model is refused in one line."""
+    from types import SimpleNamespace
+
+    z = np.load(FOLDER / "colorfix.npz")
+    pic = z["picture"]
+    rng = np.random.default_rng(2)
+    feeds = {"sample": rng.standard_normal((2, 4, 8, 8)).astype(np.float32), "timestep": np.array([500.0, 500.0])}
+    eps = rng.standard_normal((2, 4, 8, 8)).astype(np.float32)
+    with pipelines.load(FOLDER, backend=fast_backend()) as pipe:
+        ms = pipe.family.model_sampling(64, 64)
+
+        def fixed(low: float, hires: bool, hr_option: str = "Both") -> np.ndarray:
+            unit = parse_units([ControlNet("controlnet", pic, preprocessor="tile_colorfix", low=low,
+                                           hr_option=hr_option)])[0]
+            unit.prepared = pic
+            return pipe._colorfix_hook([unit], ms, 64, 64, 1, hires)(feeds, eps.copy())
+
+        assert np.array_equal(fixed(4, True), fixed(8, False))
+        assert np.array_equal(fixed(4, True, "Low res only"), fixed(4, False))
+        assert not np.allclose(fixed(4, True), fixed(4, False), atol=1e-3)
+        unit = parse_units([ControlNet("controlnet", pic, preprocessor="tile_colorfix")])[0]
+        unit.prepared = pic
+        with pytest.raises(InputError, match="tile_colorfix corrects the colours through the UNet's noise prediction, "
+                                             "and this model predicts v"):
+            pipe._colorfix_hook([unit], SimpleNamespace(prediction="v"), 64, 64, 1, False)
