@@ -320,7 +320,8 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
-                                    "softedge_teed", "inpaint", "inpaint_only"]
+                                    "softedge_teed", "inpaint", "inpaint_only", "tile_colorfix",
+                                    "tile_colorfix+sharp"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -437,7 +438,7 @@ def test_a_strip_of_a_control_image_is_refused_not_resized_to_millions_of_pixels
 # ------------------------------------------------------------------ the extension's other model-free modules
 def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, cn_models, pipe) -> None:
     """module_list / module_detail as the extension's preprocessor_sliders_config gives them, /detect by name or
-    UI alias (the slider defaults for -1), a txt2img unit equal to the Python API's, and tile_colorfix refused."""
+    UI alias (the slider defaults for -1), a txt2img unit equal to the Python API's, and reference_only refused."""
     get = lambda route: requests.get(f"{cn_server}{route}", timeout=60).json()  # noqa: E731
     aliased = get("/controlnet/module_list?alias_names=true")
     assert {"lineart_standard (from white bg & black line)", "t2ia_color_grid"} <= set(aliased["module_list"])
@@ -474,7 +475,7 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
                         preprocess(photo, "tile_resample", 1.0))):
         r = post(body)
         assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), body
-    for body, field, words in (({"controlnet_module": "tile_colorfix+sharp"}, "controlnet_module", "colour fix"),):
+    for body, field, words in (({"controlnet_module": "reference_only"}, "controlnet_module", "attention hooks"),):
         r = post(body)
         assert r.status_code == 400 and r.json()["field"] == field and words in r.json()["message"], r.text
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
@@ -486,6 +487,37 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
     want = _python(pipe, [ControlNet("controlnet", photo, preprocessor="shuffle", processor_res=512, window="a1111"),
                           ControlNet("controlnet_2", photo, 0.5, preprocessor="tile_resample", low=2, window="a1111")])
     assert np.array_equal(_rgb(r.json()["images"][0]), want)
+
+
+def test_tile_colorfix_units_run_the_colour_fix(cn_server, pipe) -> None:
+    """tile_colorfix / +sharp: the extension's sliders in module_detail, /detect's map the picture as it is, a
+    txt2img unit the Python API's image (threshold_a the Variation, threshold_b the Sharpness, -1 their defaults) and
+    infotext; a Variation that is no whole number is a 400 naming threshold_a."""
+    detail = requests.get(f"{cn_server}/controlnet/module_list", timeout=60).json()["module_detail"]
+    assert detail["tile_colorfix"]["sliders"] == [None, {"name": "Variation", "value": 8.0, "min": 3.0, "max": 32.0,
+                                                         "step": 1.0}]
+    assert detail["tile_colorfix+sharp"]["sliders"][2] == {"name": "Sharpness", "value": 1.0, "min": 0.0, "max": 2.0,
+                                                           "step": 0.01}
+    photo = _photo()
+    r = requests.post(f"{cn_server}/controlnet/detect", timeout=60, json={
+        "controlnet_module": "tile_colorfix", "controlnet_input_images": [_b64(photo)]})
+    assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), photo), r.text
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(photo), "model": "controlnet", "module": "tile_colorfix+sharp", "threshold_a": 3,
+         "threshold_b": -1, "weight": 0.8}]}}))
+    assert r.status_code == 200, r.text
+    text = json.loads(r.json()["info"])["infotexts"][0]
+    assert 'ControlNet 0: "Module: tile_colorfix+sharp, Model: controlnet, Weight: 0.8,' in text, text
+    assert "Threshold A: 3, Threshold B: 1," in text, text
+    want = _python(pipe, [ControlNet("controlnet", photo, 0.8, preprocessor="tile_colorfix+sharp", low=3, high=1,
+                                     window="a1111")])
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    plain = _python(pipe, [ControlNet("controlnet", photo, 0.8, window="a1111")])
+    assert np.abs(want.astype(int) - plain).max() > 10  # the colour fix ran
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        {"image": _b64(photo), "model": "controlnet", "module": "tile_colorfix", "threshold_a": 8.5}]}}))
+    assert r.status_code == 400 and r.json()["field"] == "alwayson_scripts.controlnet.args[0].threshold_a", r.text
+    assert "whole number" in r.json()["message"], r.text
 
 
 @pytest.mark.parametrize(("module", "key", "value", "words"), [

@@ -60,10 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
                         "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1), "
-                        "normal_midas's background threshold (0.4), softedge_teed's safe steps (2)")
+                        "normal_midas's background threshold (0.4), softedge_teed's safe steps (2), tile_colorfix's "
+                        "variation (8, the colour fix's blur)")
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "
-                        "threshold (0.1)")
+                        "threshold (0.1), tile_colorfix+sharp's sharpness (1)")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '

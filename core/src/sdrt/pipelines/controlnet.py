@@ -55,6 +55,7 @@ from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, 
 from .preprocessors import preprocess as _preprocess
 
 INPAINT_NAMES = ("inpaint", "inpaint_only")  #: sdrt.pipelines.inpaintcn.INPAINT
+COLORFIX_NAMES = ("tile_colorfix", "tile_colorfix+sharp")  #: sdrt.pipelines.colorfix.NAMES
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -85,7 +86,9 @@ class ControlNet:
     ``PIL.Image`` or a PNG/JPEG path), ``scale``, the window ``start``..``end`` (fractions of the steps),
     the ``preprocessor`` (``none``, ``canny``, ``scribble``, ``threshold``, ``invert``, ``tile_resample``,
     ``lineart_standard``, ``scribble_xdog``, ``shuffle``, ``color``, ``blur_gaussian``, ``recolor_luminance``,
-    ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`;
+    ``recolor_intensity``: sd-webui-controlnet's model-free ones, :mod:`sdrt.pipelines.preprocessors`; the tile
+    net's ``tile_colorfix`` / ``tile_colorfix+sharp``, the image as it is and a colour fix of the latents while
+    sampling (``low`` its Variation, ``high`` its Sharpness: :mod:`sdrt.pipelines.colorfix`);
     ``low``/``high`` are its ``threshold_a``/``threshold_b``: canny's two thresholds, the scribble and threshold
     level, the down sampling rate, XDoG threshold, sigma or gamma, mlsd's value and distance thresholds) and
     ``resize`` (sd-webui-controlnet's ``Just Resize``, ``Crop and Resize``, ``Resize and Fill``) to the output size. ``processor_res``: the map of
@@ -161,9 +164,10 @@ class ControlNet:
     #: an ``inpaint_only`` unit in a run without a mask of its own: its restore of the picture outside the mask runs
     #: (sdrt.pipelines.inpaintcn); in a run with a mask it runs as ``inpaint``, as the extension's
     restores: bool = field(default=False, repr=False)
-    #: its last RGBA map at a pass's size (an inpaint unit's; the restore and the pixel blend read it)
+    #: its last map at a pass's size (an inpaint unit's RGBA, the restore and the pixel blend read it; a colour-fix
+    #: unit's RGB, its picture latent is encoded from it: sdrt.pipelines.colorfix)
     prepared: np.ndarray | None = field(default=None, repr=False)
-    #: the VAE latent of its map's picture, per pass size (the restore's)
+    #: the VAE latent of its map's picture, per pass size (the restore's and the colour fix's)
     origin: dict = field(default_factory=dict, repr=False)
 
     @property
@@ -492,7 +496,13 @@ def check_transformer_unit(unit: ControlNet, where: str, net: str) -> None:
 def check_no_control_mask(unit: ControlNet, where: str, net: str, *, sd: bool = False) -> None:
     """A unit's ``control_mask`` is read by SD3 inpainting ControlNets and, on an SD UNet's net (``sd``), the inpaint
     preprocessors: refused on ``net`` ("a Flux ControlNet") otherwise, in one line; the inpaint preprocessors (whose
-    hint holds -1 under the mask) are for SD nets only."""
+    hint holds -1 under the mask) are for SD nets only, and so is the colour fix of ``tile_colorfix`` (an SD UNet's
+    noise prediction, sdrt.pipelines.colorfix)."""
+    if unit.preprocessor in COLORFIX_NAMES and not sd:
+        raise InputError(f"{where}: {unit.preprocessor} corrects the colours of an SD UNet's noise prediction while "
+                         f"sampling, and this is {net}", where=f"{where} preprocessor",
+                         fix="use tile_resample (the same map at its default rate, without the colour fix) or an SD 1.x / "
+                                 "SDXL model")
     if unit.preprocessor in INPAINT_NAMES and not sd:
         raise InputError(f"{where}: the {unit.preprocessor} preprocessor makes the hint of an SD inpaint ControlNet "
                          f"(control_v11p_sd15_inpaint), and this is {net}", where=f"{where} preprocessor",

@@ -287,6 +287,8 @@ class ToolboxMixin:
 
             unit.prepared = made
             return hint(made)
+        if unit.preprocessor in cn.COLORFIX_NAMES:  # its picture latent is encoded from the map (colorfix)
+            unit.prepared = made
         return control_tensor(made)
 
     def _restore_hook(self, units: list[cn.ControlNet], ms: Any, width: int, height: int) -> Any:
@@ -317,6 +319,43 @@ class ToolboxMixin:
             t = float(np.asarray(feeds["timestep"]).reshape(-1)[0])
             for unit, mask, origin in steps:
                 out = restore_eps(out, x, t, ms.alphas_cumprod, mask, origin, unit.scale)
+            return out
+
+        return after
+
+    def _colorfix_hook(self, units: list[cn.ControlNet], ms: Any, width: int, height: int, batch: int,
+                       hires_pass: bool) -> Any:
+        """sd-webui-controlnet's ``tile_colorfix`` / ``+sharp`` colour fix (sdrt.pipelines.colorfix.fix_eps) of each
+        such unit, in unit order, on every UNet call of the pass (whatever its window and hr_option), after the UNet
+        and before any ``inpaint_only`` restore; ``hires_pass``: the hires fix's second pass, where the blur of a unit that
+        takes part in it is twice as wide. None when no unit has it."""
+        from . import colorfix
+        from .reference import MEAN
+
+        fixing = [u for u in units if u.preprocessor in colorfix.NAMES and u.prepared is not None]
+        if not fixing or self._dry:
+            return None
+        if getattr(ms, "prediction", None) != "eps":
+            raise InputError(f"{fixing[0].preprocessor} corrects the colours through the UNet's noise prediction, and "
+                             f"this model predicts {getattr(ms, 'prediction', 'another quantity')}",
+                             where="controlnets", fix="use preprocessor='tile_resample' on this model")
+        c = self.family.latent_channels  # type: ignore[attr-defined]
+        name = self.family.sample_input  # type: ignore[attr-defined]
+        steps = []
+        for unit in fixing:
+            if (width, height) not in unit.origin:
+                rgb = unit.prepared.astype(np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
+                unit.origin[(width, height)] = self._encode_image(rgb, MEAN).astype(np.float32)  # type: ignore[attr-defined]
+            k = colorfix.radius(unit.low, hires_pass and cn.on_pass(unit, True))
+            sharp = (1.0 if unit.high is None else unit.high) if unit.preprocessor == colorfix.SHARP else None
+            steps.append((unit, k, sharp, unit.origin[(width, height)]))
+
+        def after(feeds: dict[str, np.ndarray], out: np.ndarray) -> np.ndarray:
+            x = np.asarray(feeds[name])[:, :c]
+            t = float(np.asarray(feeds["timestep"]).reshape(-1)[0])
+            marks = colorfix.cond_marks(out.shape[0], batch)
+            for unit, k, sharp, origin in steps:
+                out = colorfix.fix_eps(out, x, t, ms.alphas_cumprod, origin, k, unit.scale, sharp, marks)
             return out
 
         return after
@@ -403,7 +442,12 @@ class ToolboxMixin:
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
                                   batch=call.batch, hires=hires))
-        restore = self._restore_hook(list(units), self.family.model_sampling(width, height), width, height)  # type: ignore[attr-defined]
+        # the extension's order: the colour fix, then the inpaint_only restore
+        ms = self.family.model_sampling(width, height)  # type: ignore[attr-defined]
+        fix = self._colorfix_hook(list(units), ms, width, height, call.batch, state.hires_pass is True)
+        if fix is not None:
+            call.after.append(fix)
+        restore = self._restore_hook(list(units), ms, width, height)
         if restore is not None:
             call.after.append(restore)
         return state

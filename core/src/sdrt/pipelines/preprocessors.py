@@ -38,6 +38,8 @@ normal_bae              - (``scannet.pt``: ``models``)               padded to 6
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
+tile_colorfix           Variation 8 (whole, 0 to 256)                -                   colorfix
+tile_colorfix+sharp     Variation 8 / Sharpness 1 (0 to 100)         -                   colorfix
 openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 64        openposehand, openposeparts
 openpose_face           - (body and ``facenet.pth``)                 padded to 64        openposeface, openposeparts
 openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
@@ -48,8 +50,8 @@ openpose_full           - (body, hand and face ``.pth`` files)       padded to 6
 extension's ``resize_image_with_pad`` does; "padded to 64" maps are made on the image padded with its edges to
 multiples of 64 and cropped back (the padding can change a map that looks at whole-image statistics, as
 lineart_standard's median does, exactly as in the extension); without a resolution (None) the map is made at
-the image's own size. The extension's ``tile_colorfix`` / ``tile_colorfix+sharp`` are ``tile_resample``'s map
-plus a colour correction of the latents while sampling, which sdrt does not have.
+the image's own size. ``tile_colorfix`` / ``tile_colorfix+sharp``'s map is the image as it is (the extension's
+``identity``); their sliders are read while sampling, by the colour fix of :mod:`sdrt.pipelines.colorfix`.
 """
 
 from __future__ import annotations
@@ -125,6 +127,9 @@ SPECS: dict[str, Spec] = {
     # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
     "inpaint": Spec(None),
     "inpaint_only": Spec(None),
+    # the image as it is; the sliders are the colour fix's while sampling (sdrt.pipelines.colorfix)
+    "tile_colorfix": Spec(None, Slider(8.0, 0, 256, whole=True)),
+    "tile_colorfix+sharp": Spec(None, Slider(8.0, 0, 256, whole=True), Slider(1.0, 0, 100)),
     "openpose_hand": Spec("pad", models=True),
     "openpose_face": Spec("pad", models=True),
     "openpose_faceonly": Spec("pad", models=True),
@@ -185,7 +190,8 @@ def _what(name: str, k: int = 0) -> str:
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
-            "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
+            "softedge_teed": "TEED's safe steps", "tile_colorfix": "the colour fix's variation",
+            "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k]}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -593,6 +599,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = cm.threshold(rgb, int(lo))
     elif name == "invert":
         rgb = cm.invert(rgb)
+    elif name in ("tile_colorfix", "tile_colorfix+sharp"):  # the extension's identity (sdrt.pipelines.colorfix)
+        rgb = cm.to_rgb(rgb)
     elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
         rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)
     elif name in ("tile_resample", "blur_gaussian"):

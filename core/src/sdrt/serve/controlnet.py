@@ -54,6 +54,8 @@ ALIASES["lineart"] = "lineart_realistic"
 #: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
 MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
 ALIASES["inpaint"] = "inpaint_global_harmonious"
+#: the tile net's colour-fix modules (sdrt.pipelines.colorfix)
+MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -85,6 +87,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "depth_anything": [], "depth_anything_v2": [],
     # the extension's inpaint modules: no sliders (their resolution slider hidden)
     "inpaint": [], "inpaint_only": [],
+    "tile_colorfix": [None, {"name": "Variation", "value": 8.0, "min": 3.0, "max": 32.0, "step": 1.0}],
+    "tile_colorfix+sharp": [None, {"name": "Variation", "value": 8.0, "min": 3.0, "max": 32.0, "step": 1.0},
+                            {"name": "Sharpness", "value": 1.0, "min": 0.0, "max": 2.0, "step": 0.01}],
     "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
 }
@@ -99,9 +104,7 @@ RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
-_NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
-                            "without it)"),
-          ("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
+_NEEDS = (("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
                    "it)"), ("reference", "reference-only attention hooks"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
