@@ -52,6 +52,8 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
        for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
+    # MistoLine's Anyline: TEED's network with other weights; the extension keeps it beside 7_model.pth
+    "softedge_anyline": Files(("MTEED.pth",), ("TEED",), ("TheMistoAI/MistoLine/Anyline",), "MistoLine's MTEED"),
     "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
     # Depth Anything: the extension's download; ComfyUI keeps the Space's checkpoints/ folder
     "depth_anything": Files(("depth_anything_vitl14.pth",), ("depth_anything",), ("LiheYoung/Depth-Anything/checkpoints",),

@@ -34,6 +34,7 @@ softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 6
 softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
+softedge_anyline        Safe Steps 2, 0 to 10 (``MTEED.pth``)        padded to 64        anylinemaps, teedmaps
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
@@ -119,6 +120,7 @@ SPECS: dict[str, Spec] = {
     **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
                                               "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
+    "softedge_anyline": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "normal_bae": Spec("pad", models=True),
     "depth_anything": Spec("pad", models=True),
     "depth_anything_v2": Spec("pad", models=True),
@@ -133,7 +135,8 @@ SPECS: dict[str, Spec] = {
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
             "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
-            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
+            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe"),
+            "softedge_anyline": ("mteed", "anyline")}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
@@ -185,7 +188,7 @@ def _what(name: str, k: int = 0) -> str:
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
-            "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
+            "softedge_teed": "TEED's safe steps", "softedge_anyline": "Anyline's safe steps"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -456,7 +459,7 @@ def midas(models: Any, backend: str = "auto", device: Any = None, where: str = "
     return _kept("midas", (path,), backend, device, lambda be, dev: MidasDepth(path, backend=be, device=dev))
 def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The soft-edge network preprocessor ``name`` runs (:class:`sdrt.pipelines.hedmaps.HED`,
-    :class:`sdrt.pipelines.pidimaps.PiDiNet` or :class:`sdrt.pipelines.teedmaps.TEED`) from ``models``, kept as
+    :class:`sdrt.pipelines.pidimaps.PiDiNet` :class:`sdrt.pipelines.teedmaps.TEED` or :class:`sdrt.pipelines.anylinemaps.MTEED`) from ``models``, kept as
     :func:`dwpose`'s are (one per network, backend and device: the three HED preprocessors share one)."""
     net = SOFTEDGE[name][0]
     (path,) = model_files(name, models, where)
@@ -470,6 +473,10 @@ def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = No
             from .pidimaps import PiDiNet
 
             return PiDiNet(path, backend=be, device=dev)
+        if net == "mteed":
+            from .anylinemaps import MTEED
+
+            return MTEED(path, backend=be, device=dev)
         from .teedmaps import TEED
 
         return TEED(path, backend=be, device=dev)
@@ -483,8 +490,12 @@ def softedge_map(rgb: np.ndarray, name: str, net: Any, size: tuple[int, int] | N
     (``size``: its unpadded ``(h, w)``; None: padded here), cropped to that size; ``safe_steps``: TEED's slider."""
     from . import controlmaps as cm
 
-    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps"}[
-        SOFTEDGE[name][0]])
+    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps",
+                                                   "mteed": "anylinemaps"}[SOFTEDGE[name][0]])
+    if name == "softedge_anyline":
+        from .anylinemaps import detect as anyline_detect
+
+        return anyline_detect(rgb, net, 2 if safe_steps is None else int(safe_steps), size)
     if name == "softedge_teed":
         from .teedmaps import detect as teed_detect
 
@@ -574,7 +585,7 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     from . import controlmaps as cm
 
     spec = SPECS[name]
-    if name == "softedge_teed":  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
+    if name in ("softedge_teed", "softedge_anyline"):  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
         check_thresholds(name, low, None, "sdrt.pipelines.preprocessors.preprocess")
     lo = spec.low.default if spec.low is not None and low is None else low
     hi = spec.high.default if spec.high is not None and high is None else high

@@ -45,7 +45,8 @@ MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the ex
 #: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
 MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
                 "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
-                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed",
+                "softedge_anyline": "softedge_anyline"})
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
            "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
@@ -81,6 +82,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
         "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
     "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
                       {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
+    # its own resolution slider (default 1280; the new-style preprocessors' api_json names the step)
+    "softedge_anyline": [{"name": "Resolution", "value": 1280, "min": 64, "max": 2048, "step": 8},
+                         {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
     "depth_anything": [], "depth_anything_v2": [],
@@ -232,8 +236,9 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     if pre == "normal_midas" and a is not None and a > 1:
         raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
                        field=field(names[1]))
-    if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
-        raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
+    if pre in ("softedge_teed", "softedge_anyline") and a is not None and (a > 10 or not float(a).is_integer()):
+        raise ApiError(400, f"{field(names[1])}, {'TEED' if pre == 'softedge_teed' else 'Anyline'}'s safe steps, "
+                       f"must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
         raise ApiError(400, f"{field(names[1])}, the gamma correction, must be at most {MAX_GAMMA}, got {a:g}",
