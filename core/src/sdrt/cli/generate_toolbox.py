@@ -46,7 +46,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
-                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; mlsd: "
+                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; animal_openpose: yolox_l.onnx and "
+                        "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
                         "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; openpose_hand, openpose_face(only), openpose_full: "

@@ -18,6 +18,7 @@ color                   -                                            its own (ar
 recolor_luminance       Gamma Correction 1 (0 to 256)                -                   colormaps
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
+animal_openpose         - (YOLOX and RTMPose AP10K ONNX: ``models``) padded to 64        animalpose, posedetect
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 64        lineartnets
 lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
@@ -109,6 +110,7 @@ SPECS: dict[str, Spec] = {
     "recolor_luminance": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
+    "animal_openpose": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
     "lineart_realistic": Spec("pad", models=True),
     "lineart_coarse": Spec("pad", models=True),
@@ -149,7 +151,7 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
-_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2")
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -412,14 +414,24 @@ def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
     from .annotators import ANNOTATORS, find, need
 
     files = find(name, models, where)
-    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives}
+    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives, *(n for o in ANNOTATORS[name].apart for n in o)}
     for f in files:  # a file given by path under another preprocessor's name: the same shapes would run unnoticed
-        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (*a.names, *a.alternatives)),
-                     None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
+        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (
+            *a.names, *a.alternatives, *(m for o in a.apart for m in o))), None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
         if other is not None:
             raise InputError(f"{where}: {f} is the {other} preprocessor's file, and {name} needs {need(name)}",
                              where=where, fix=f"pass {need(name)}, or use preprocessor {other}")
     return files
+
+
+def animal_pose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.animalpose.AnimalPose` of ``models`` (``yolox_l.onnx`` and the AP10K model, a
+    folder holding them in the extension's or ComfyUI's layout, or the two files), kept as :func:`dwpose`'s are."""
+    from .animalpose import AnimalPose
+
+    files = model_files("animal_openpose", models, where)
+    return _kept("animal_openpose", files, backend, device,
+                 lambda be, dev: AnimalPose(files[0], files[1], backend=be, device=dev))
 
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
@@ -556,9 +568,12 @@ def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
 def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, Any]]:
     """``(map, OpenPose JSON)`` of an image (the one the detector reads: at a resolution, already padded): the
     extension's ``dw_openpose_full`` map and the JSON its ``json_pose_callback`` receives (pixels of that image)."""
-    from . import posemaps
+    from . import animalpose, posemaps
 
     h, w = rgb.shape[:2]
+    if isinstance(detector, animalpose.AnimalPose):  # animal_openpose: the animals' map and JSON
+        animals = detector(rgb)
+        return animalpose.draw(animals, h, w), animalpose.to_json(animals, h, w)
     if hasattr(detector, "people"):  # OpenPose's torch models: keypoints as fractions of the image
         people = detector.people(rgb)
         body, hands, face = getattr(detector, "drawn", (True, False, False))  # the body model alone: body only
@@ -616,6 +631,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
     elif name == "dw_openpose_full":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.posedetect"), dwpose(models, backend, device, where))
+    elif name == "animal_openpose":
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.animalpose"), animal_pose(models, backend, device, where))
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))
