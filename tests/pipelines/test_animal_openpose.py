@@ -187,3 +187,20 @@ def test_animal_openpose_in_a_controlnet_run_and_on_the_command_line(refs, model
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "rtmpose-m_simcc-ap10k" in err, err
+
+
+def test_the_plan_counts_the_animal_pose(refs, models):
+    """A job's memory plan counts the two graphs (``preprocessor:animal_openpose``: the ONNX files' sizes)."""
+    from pipeline_helpers import DATA as PDATA
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    register("openvino")
+    unit = ControlNet("controlnet", refs["image/stripes"], preprocessor="animal_openpose", processor_res=128,
+                      preprocessor_models=models["root"])
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+        plan = pipe.plan("a dog", controlnets=[unit], steps=2, seed=1, width=64, height=64, sampler="Euler").memory
+    placed = plan.placement("preprocessor:animal_openpose")
+    want = models["det"].stat().st_size + models["pose"].stat().st_size
+    assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == want

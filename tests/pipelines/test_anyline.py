@@ -188,3 +188,19 @@ def test_anyline_in_a_controlnet_run_and_on_the_command_line(refs, files, tmp_pa
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "MTEED.pth" in err, err
+
+
+def test_the_plan_counts_mteed(refs, files):
+    """A job's memory plan counts MTEED as its own detector (``preprocessor:mteed``: TEED's tensors as float32)."""
+    from pipeline_helpers import DATA as PDATA
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    register("openvino")
+    unit = ControlNet("controlnet", refs["image"], preprocessor="softedge_anyline", processor_res=64,
+                      preprocessor_models=files["root"])
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+        plan = pipe.plan("a line", controlnets=[unit], steps=2, seed=1, width=64, height=64, sampler="Euler").memory
+    placed = plan.placement("preprocessor:mteed")
+    assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == 4 * 58910
