@@ -46,10 +46,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
-                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; mlsd: "
+                        "yolox_l.onnx and dw-ll_ucoco_384.onnx; animal_openpose: yolox_l.onnx and "
+                        "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
-                        "7_model.pth; normal_bae: scannet.pt; openpose_hand, openpose_face(only), openpose_full: "
+                        "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; openpose_hand, openpose_face(only), openpose_full: "
                         "body_pose_model.pth with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
@@ -60,7 +61,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
                         "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1), "
-                        "normal_midas's background threshold (0.4), softedge_teed's safe steps (2), tile_colorfix's "
+                        "normal_midas's background threshold (0.4), softedge_teed's and softedge_anyline's safe steps (2), tile_colorfix's "
                         "variation (8, the colour fix's blur)")
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "

@@ -31,6 +31,10 @@ class Files:
     what: str = ""
     #: other names a one-file model is also published under (other sizes, formats), taken where ``names[0]`` is not
     alternatives: tuple[str, ...] = ()
+    #: a model whose files may lie in different folders (ComfyUI keeps the animal pose model apart from its
+    #: detector): per file, the other names it is published under; each file is then taken from the first folder
+    #: (most specific first) that holds it under one of its names
+    apart: tuple[tuple[str, ...], ...] = ()
 
 
 ANNOTATORS: dict[str, Files] = {
@@ -52,6 +56,14 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
        for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
+    # MistoLine's Anyline: TEED's network with other weights; the extension keeps it beside 7_model.pth
+    # the animal pose: DWPose's detector beside the AP10K model (the extension downloads both into openpose/;
+    # ComfyUI keeps its own ONNX export of the same model, from hr16/UnJIT-DWPose, apart from yzd-v/DWPose's detector)
+    "animal_openpose": Files(("yolox_l.onnx", "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx"),
+                             ("openpose",), ("yzd-v/DWPose", "bdsqlsz/qinglong_controlnet-lllite/Annotators",
+                                             "hr16/UnJIT-DWPose"), "the animal pose's",
+                             apart=((), ("rtmpose-m_ap10k_256.onnx",))),
+    "softedge_anyline": Files(("MTEED.pth",), ("TEED",), ("TheMistoAI/MistoLine/Anyline",), "MistoLine's MTEED"),
     "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
     # Depth Anything: the extension's download; ComfyUI keeps the Space's checkpoints/ folder
     "depth_anything": Files(("depth_anything_vitl14.pth",), ("depth_anything",), ("LiheYoung/Depth-Anything/checkpoints",),
@@ -149,6 +161,12 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
         raise InputError(f"{where}: {base} is one file; {name} needs {need(name)}", where=where,
                          fix="pass the folder that holds them, or the files")
     looked = [base] + [base / sub for sub in layouts(files)]
+    if files.apart:
+        hits = [next((folder / n for folder in looked for n in (first, *other) if (folder / n).is_file()), None)
+                for first, other in zip(files.names, files.apart)]
+        if all(h is not None for h in hits):
+            return tuple(hits)
+        return _missing(name, base, looked, where, source)
     for folder in looked:
         if all((folder / n).is_file() for n in files.names):
             return tuple(folder / n for n in files.names)

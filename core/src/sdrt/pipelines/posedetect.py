@@ -139,9 +139,10 @@ def _nms(boxes: np.ndarray, scores: np.ndarray, thr: float) -> list[int]:
     return keep
 
 
-def people(output: np.ndarray, ratio: float) -> np.ndarray | None:
+def people(output: np.ndarray, ratio: float, classes: Sequence[int] = (0,)) -> np.ndarray | None:
     """The people's boxes ``(n, 4)`` x0 y0 x1 y1 in image pixels from the detector's ``(1, 8400, 85)`` output;
-    None when no box of any class is above 0.1 (the extension's ``det_result is None``)."""
+    None when no box of any class is above 0.1 (the extension's ``det_result is None``). ``classes``: the COCO
+    classes kept (the animal pose's 14 to 23), class by class in that order, as the extension's ``np.isin``."""
     pred = _grid_decode(np.asarray(output, np.float32))[0]
     boxes = pred[:, :4]
     scores = pred[:, 4:5] * pred[:, 5:]
@@ -152,7 +153,7 @@ def people(output: np.ndarray, ratio: float) -> np.ndarray | None:
     xyxy[:, 3] = boxes[:, 1] + boxes[:, 3] / 2.0
     xyxy /= ratio
     found = False
-    person = np.zeros((0, 4))
+    kept = [np.zeros((0, 4))]
     for cls in range(scores.shape[1]):  # class-aware NMS; only the people are kept after it
         s = scores[:, cls]
         mask = s > 0.1
@@ -162,10 +163,10 @@ def people(output: np.ndarray, ratio: float) -> np.ndarray | None:
         keep = _nms(vb, vs, 0.45)
         if keep:
             found = True
-            if cls == 0:
+            if cls in classes:
                 kb = vb[keep].astype(np.float64)
-                person = kb[vs[keep] > 0.3]
-    return person if found else None
+                kept.append(kb[vs[keep] > 0.3])
+    return np.concatenate(kept) if found else None
 
 
 # ------------------------------------------------------------------------------------------ the pose model
@@ -176,9 +177,11 @@ def _center_scale(box: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return center, scale
 
 
-def crop(rgb: np.ndarray, box: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """``(384x288x3 float64 normalised crop, center, scale)`` of one box, as ``cv_ox_pose.preprocess``."""
-    w, h = POSE_SIZE
+def crop(rgb: np.ndarray, box: np.ndarray, size: tuple[int, int] = POSE_SIZE
+         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(384x288x3 float64 normalised crop, center, scale)`` of one box, as ``cv_ox_pose.preprocess``; ``size``:
+    the model's ``(w, h)`` (the animal pose's 256x256)."""
+    w, h = size
     center, scale = _center_scale(np.asarray(box, np.float64))
     sw, sh = scale[0], scale[1]
     aspect = w / h

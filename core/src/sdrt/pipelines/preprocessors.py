@@ -18,6 +18,7 @@ color                   -                                            its own (ar
 recolor_luminance       Gamma Correction 1 (0 to 256)                -                   colormaps
 recolor_intensity       Gamma Correction 1 (0 to 256)                -                   colormaps
 dw_openpose_full        - (DWPose's two ONNX files: ``models``)      padded to 64        posedetect, posemaps
+animal_openpose         - (YOLOX and RTMPose AP10K ONNX: ``models``) padded to 64        animalpose, posedetect
 openpose                - (``body_pose_model.pth``: ``models``)      padded to 64        openposebody, posemaps
 lineart_realistic       - (``sk_model.pth``: ``models``)             padded to 64        lineartnets
 lineart_coarse          - (``sk_model2.pth``: ``models``)            padded to 64        lineartnets
@@ -34,6 +35,7 @@ softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 6
 softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
+softedge_anyline        Safe Steps 2, 0 to 10 (``MTEED.pth``)        padded to 64        anylinemaps, teedmaps
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
@@ -110,6 +112,7 @@ SPECS: dict[str, Spec] = {
     "recolor_luminance": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "recolor_intensity": Spec(None, Slider(1.0, 0, MAX_GAMMA)),
     "dw_openpose_full": Spec("pad", models=True),
+    "animal_openpose": Spec("pad", models=True),
     "openpose": Spec("pad", models=True),
     "lineart_realistic": Spec("pad", models=True),
     "lineart_coarse": Spec("pad", models=True),
@@ -121,6 +124,7 @@ SPECS: dict[str, Spec] = {
     **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
                                               "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
+    "softedge_anyline": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "normal_bae": Spec("pad", models=True),
     "depth_anything": Spec("pad", models=True),
     "depth_anything_v2": Spec("pad", models=True),
@@ -138,7 +142,8 @@ SPECS: dict[str, Spec] = {
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
             "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
-            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe")}
+            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe"),
+            "softedge_anyline": ("mteed", "anyline")}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
@@ -151,7 +156,7 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
-_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2")
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -190,7 +195,8 @@ def _what(name: str, k: int = 0) -> str:
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
-            "softedge_teed": "TEED's safe steps", "tile_colorfix": "the colour fix's variation",
+            "softedge_teed": "TEED's safe steps", "softedge_anyline": "Anyline's safe steps",
+            "tile_colorfix": "the colour fix's variation",
             "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k]}.get(name, "the gamma correction")
 
 
@@ -415,14 +421,24 @@ def model_files(name: str, models: Any, where: str) -> tuple[Path, ...]:
     from .annotators import ANNOTATORS, find, need
 
     files = find(name, models, where)
-    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives}
+    own = {*ANNOTATORS[name].names, *ANNOTATORS[name].alternatives, *(n for o in ANNOTATORS[name].apart for n in o)}
     for f in files:  # a file given by path under another preprocessor's name: the same shapes would run unnoticed
-        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (*a.names, *a.alternatives)),
-                     None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
+        other = next((n for n, a in ANNOTATORS.items() if f.name not in own and f.name in (
+            *a.names, *a.alternatives, *(m for o in a.apart for m in o))), None)  # (lineart_coarse's sk_model2.pth as lineart_realistic; Depth Anything V1's as V2)
         if other is not None:
             raise InputError(f"{where}: {f} is the {other} preprocessor's file, and {name} needs {need(name)}",
                              where=where, fix=f"pass {need(name)}, or use preprocessor {other}")
     return files
+
+
+def animal_pose(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.animalpose.AnimalPose` of ``models`` (``yolox_l.onnx`` and the AP10K model, a
+    folder holding them in the extension's or ComfyUI's layout, or the two files), kept as :func:`dwpose`'s are."""
+    from .animalpose import AnimalPose
+
+    files = model_files("animal_openpose", models, where)
+    return _kept("animal_openpose", files, backend, device,
+                 lambda be, dev: AnimalPose(files[0], files[1], backend=be, device=dev))
 
 
 def openpose_body(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
@@ -462,7 +478,7 @@ def midas(models: Any, backend: str = "auto", device: Any = None, where: str = "
     return _kept("midas", (path,), backend, device, lambda be, dev: MidasDepth(path, backend=be, device=dev))
 def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The soft-edge network preprocessor ``name`` runs (:class:`sdrt.pipelines.hedmaps.HED`,
-    :class:`sdrt.pipelines.pidimaps.PiDiNet` or :class:`sdrt.pipelines.teedmaps.TEED`) from ``models``, kept as
+    :class:`sdrt.pipelines.pidimaps.PiDiNet` :class:`sdrt.pipelines.teedmaps.TEED` or :class:`sdrt.pipelines.anylinemaps.MTEED`) from ``models``, kept as
     :func:`dwpose`'s are (one per network, backend and device: the three HED preprocessors share one)."""
     net = SOFTEDGE[name][0]
     (path,) = model_files(name, models, where)
@@ -476,6 +492,10 @@ def softedge_net(name: str, models: Any, backend: str = "auto", device: Any = No
             from .pidimaps import PiDiNet
 
             return PiDiNet(path, backend=be, device=dev)
+        if net == "mteed":
+            from .anylinemaps import MTEED
+
+            return MTEED(path, backend=be, device=dev)
         from .teedmaps import TEED
 
         return TEED(path, backend=be, device=dev)
@@ -489,8 +509,12 @@ def softedge_map(rgb: np.ndarray, name: str, net: Any, size: tuple[int, int] | N
     (``size``: its unpadded ``(h, w)``; None: padded here), cropped to that size; ``safe_steps``: TEED's slider."""
     from . import controlmaps as cm
 
-    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps"}[
-        SOFTEDGE[name][0]])
+    rgb = cm.checked_rgb(rgb, "sdrt.pipelines." + {"hed": "hedmaps", "pidinet": "pidimaps", "teed": "teedmaps",
+                                                   "mteed": "anylinemaps"}[SOFTEDGE[name][0]])
+    if name == "softedge_anyline":
+        from .anylinemaps import detect as anyline_detect
+
+        return anyline_detect(rgb, net, 2 if safe_steps is None else int(safe_steps), size)
     if name == "softedge_teed":
         from .teedmaps import detect as teed_detect
 
@@ -551,9 +575,12 @@ def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
 def pose_detect(rgb: np.ndarray, detector: Any) -> tuple[np.ndarray, dict[str, Any]]:
     """``(map, OpenPose JSON)`` of an image (the one the detector reads: at a resolution, already padded): the
     extension's ``dw_openpose_full`` map and the JSON its ``json_pose_callback`` receives (pixels of that image)."""
-    from . import posemaps
+    from . import animalpose, posemaps
 
     h, w = rgb.shape[:2]
+    if isinstance(detector, animalpose.AnimalPose):  # animal_openpose: the animals' map and JSON
+        animals = detector(rgb)
+        return animalpose.draw(animals, h, w), animalpose.to_json(animals, h, w)
     if hasattr(detector, "people"):  # OpenPose's torch models: keypoints as fractions of the image
         people = detector.people(rgb)
         body, hands, face = getattr(detector, "drawn", (True, False, False))  # the body model alone: body only
@@ -580,7 +607,7 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     from . import controlmaps as cm
 
     spec = SPECS[name]
-    if name == "softedge_teed":  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
+    if name in ("softedge_teed", "softedge_anyline"):  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
         check_thresholds(name, low, None, "sdrt.pipelines.preprocessors.preprocess")
     lo = spec.low.default if spec.low is not None and low is None else low
     hi = spec.high.default if spec.high is not None and high is None else high
@@ -613,6 +640,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = linemaps.lineart_standard(rgb) if name == "lineart_standard" else linemaps.scribble_xdog(rgb, lo)
     elif name == "dw_openpose_full":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.posedetect"), dwpose(models, backend, device, where))
+    elif name == "animal_openpose":
+        rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.animalpose"), animal_pose(models, backend, device, where))
     elif name == "openpose":
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposebody"),
                        openpose_body(models, backend, device, where))

@@ -26,7 +26,7 @@ from .fields import get_bool, get_float
 from .registry import ModelEntry, Registry
 
 #: the modules whose detect answers poses too (OpenPose JSON)
-POSE_MODULES = ("dw_openpose_full", "openpose", *OPENPOSE_PARTS)
+POSE_MODULES = ("dw_openpose_full", "openpose", *OPENPOSE_PARTS, "animal_openpose")
 #: ``/controlnet/version``: the extension's API version
 API_VERSION = 2
 #: the most units one request may hold (each distinct net is a model the worker loads)
@@ -44,7 +44,9 @@ MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the ex
 #: the soft edges: the extension's module names for them (its labels are sdrt's names, its ALIASES below)
 MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
                 "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
-                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed"})
+                "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed",
+                "softedge_anyline": "softedge_anyline"})
+MODULES["animal_openpose"] = "animal_openpose"  # the AP10K animal pose (sdrt.pipelines.animalpose)
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
            "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
@@ -73,6 +75,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "animal_openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
              {"name": "MLSD Distance Threshold", "min": 0.01, "max": 20.0, "value": 0.1, "step": 0.01}],
     "depth": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
@@ -82,6 +85,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
         "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble")},
     "softedge_teed": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048},
                       {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
+    # its own resolution slider (default 1280; the new-style preprocessors' api_json names the step)
+    "softedge_anyline": [{"name": "Resolution", "value": 1280, "min": 64, "max": 2048, "step": 8},
+                         {"name": "Safe Steps", "value": 2, "min": 0, "max": 10, "step": 1}],
     # not in the extension's config (module_detail: no sliders); its UI shows the default resolution slider
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
     "depth_anything": [], "depth_anything_v2": [],
@@ -698,11 +704,20 @@ def _pose_detect(rgb: Any, files: tuple[Path, ...], res: int, backend: str = "au
     import numpy as np
 
     from ..pipelines.controlmaps import processor_input
-    from ..pipelines.preprocessors import OPENPOSE_PARTS, dwpose, held, openpose_body, openpose_parts, pose_detect
+    from ..pipelines.preprocessors import (
+        OPENPOSE_PARTS,
+        animal_pose,
+        dwpose,
+        held,
+        openpose_body,
+        openpose_parts,
+        pose_detect,
+    )
 
     padded, (h, w) = processor_input(rgb, res)
     with held():  # in use: a job's trim on another thread leaves it open
         det = (openpose_parts(pre, files, backend, device, where="controlnet_module") if pre in OPENPOSE_PARTS else
+               animal_pose(files, backend, device, where="controlnet_module") if pre == "animal_openpose" else
                openpose_body(files[0], backend, device, where="controlnet_module") if len(files) == 1 else
                dwpose(files, backend, device, where="controlnet_module"))
         made, pose = pose_detect(padded, det)
