@@ -68,8 +68,14 @@ def test_module_and_detect(server, root) -> None:
         "controlnet_module": "softedge_anyline", "controlnet_input_images": [_b64(small)]}, timeout=300)
     assert r.status_code == 200, r.text
     assert _rgb(r.json()["images"][0]).shape == (1280, 1920, 3)
+    # outside the slider's 0 to 10: the default, 2 (the extension's bound_check_params); a fraction in it: a 400
     r = requests.post(f"{server}/controlnet/detect", json={
-        "controlnet_module": "softedge_anyline", "controlnet_threshold_a": 11, "controlnet_input_images": [_b64(image)]},
+        "controlnet_module": "softedge_anyline", "controlnet_threshold_a": 11, "controlnet_processor_res": 128,
+        "controlnet_input_images": [_b64(image)]}, timeout=300)
+    assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), preprocessors.preprocess(
+        image, "softedge_anyline", 2, resolution=128, models=root, backend="openvino")), r.text[-300:]
+    r = requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "softedge_anyline", "controlnet_threshold_a": 2.5, "controlnet_input_images": [_b64(image)]},
         timeout=60)
     assert r.status_code == 400 and "Anyline's safe steps" in r.json()["message"], r.text
 
