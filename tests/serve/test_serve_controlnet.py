@@ -260,6 +260,8 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "module": "threshold", "threshold_a": 300}, 400, "threshold_a", "at most 255"),
     ({"model": "controlnet", "module": "canny", "processor_res": 4096}, 400, "processor_res",
      "processor_res must be at most 2048"),  # the server's largest side (--max-size)
+    # refused when the map is made (a colour grid of no 64-pixel cell): named as the slider that gave it
+    ({"model": "controlnet", "module": "color", "processor_res": 32}, 400, "processor_res", "has no 64-pixel cell"),
     ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
     # a boolean field is named as the request nests it, not by its bare key
     ({"model": "controlnet", "guess_mode": "maybe"}, 422, "guess_mode", "args[0].guess_mode must be true or false"),
