@@ -118,7 +118,7 @@ def test_cli_only_masked_with_a_control_image(pipe, tmp_path: Path, capsys) -> N
             "--init-image", str(tmp_path / "picture.png"), "--mask", str(tmp_path / "mask.png"),
             "--inpaint-area", "only-masked", "--inpaint-padding", "8", "--control-image", str(tmp_path / "control.png"),
             "--control-preprocessor", "canny", "--control-threshold-a", "50", "--control-threshold-b", "150",
-            "--control-resize", mode]
+            "--control-resize", mode, "--control-processor-res", "none"]  # the API's processor_res=None (the CLI: 512)
 
     def run(*more: str) -> np.ndarray:
         out = tmp_path / "out.png"

@@ -256,7 +256,8 @@ def test_openpose_faceonly_in_a_controlnet_run_and_on_the_command_line(refs, mod
     png, out = tmp_path / "faces.png", tmp_path / "out.png"
     Image.fromarray(image).save(png)
     args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a face", "--steps", "1", "--seed", "3",
-            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "openpose_faceonly"]
+            "--backend", backend, "--control-image", str(png), "--control-preprocessor", "openpose_faceonly",
+            "--control-processor-res", "64"]  # as the unit above (the CLI's default 512: minutes of face crops)
     assert main([*args, "--control-preprocessor-models", str(models), "-o", str(out)]) == 0, capsys.readouterr().err
     assert "Module: openpose_faceonly, Model: controlnet" in Image.open(out).text["parameters"]
     capsys.readouterr()

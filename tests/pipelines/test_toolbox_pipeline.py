@@ -312,6 +312,8 @@ def test_controlnet_image_follows_each_pass_size() -> None:
     ([ControlNet("controlnet", "EDGES", preprocessor="depth")], InputError, "unknown ControlNet preprocessor"),
     ([ControlNet("controlnet", "EDGES", preprocessor="canny", processor_res=0)], InputError,
      "processor_res must be a number from 1"),
+    ([ControlNet("controlnet", "EDGES", preprocessor="canny", processor_res=512.7)], InputError,
+     r"controlnets\[0\] processor_res must be a whole number of pixels, got 512.7"),
     ([("controlnet",)], InputError, r"is not \(net, image"),
     ("controlnet", InputError, "controlnets must be a list"),
     # thresholds, checked with the rest (a TypeError from numpy, a ValueError from int(), 2.7 run as 2 at step 1)

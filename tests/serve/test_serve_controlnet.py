@@ -257,6 +257,9 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "control_mode": "Loud"}, 400, "control_mode", "control_mode must be 0 to 2 or one of "
      "Balanced, My prompt is more important, ControlNet is more important, got 'Loud'"),
     ({"model": "controlnet", "control_mode": 3}, 400, "control_mode", "control_mode must be 0 to 2"),
+    # refused when the map is made (a colour grid of no 64-pixel cell): named as the slider that gave it
+    ({"model": "controlnet", "module": "color", "pixel_perfect": True, "resize_mode": "Resize and Fill",
+      "image": _b64(np.full((8, 640, 3), 90, np.uint8))}, 400, "pixel_perfect", "has no 64-pixel cell"),
     ({"model": "controlnet", "image": None}, 400, "image", "needs its control image"),
     # a boolean field is named as the request nests it, not by its bare key
     ({"model": "controlnet", "guess_mode": "maybe"}, 422, "guess_mode", "args[0].guess_mode must be true or false"),

@@ -4,8 +4,13 @@ ControlNet flags are grouped by position: the first ``--control-image`` goes wit
 ``--controlnet`` (a folder, a ``model.onnx`` or a ControlNet ``.safetensors``; default: the model folder's
 ``controlnet/``, then ``controlnet_2/``, ...), and so on;
 ``--control-scale``/``--control-start``/``--control-end``/``--control-preprocessor``/``--control-threshold-a``/
-``--control-threshold-b``/``--control-resize``/``--control-mode``/``--control-union-mode`` given once apply to every
-ControlNet, else once per ControlNet. Everything is checked before any model loads (``sdrt.pipelines.toolbox.split``).
+``--control-threshold-b``/``--control-resize``/``--control-mode``/``--control-union-mode``/
+``--control-processor-res``/``--control-pixel-perfect`` given once apply to every ControlNet, else once per
+ControlNet. Everything is checked before any model loads (``sdrt.pipelines.toolbox.split``).
+
+A preprocessor that reads a resolution runs at ``--control-processor-res`` (default :data:`PROCESSOR_RES`, 512:
+sd-webui-controlnet's slider default, which ``sdrt serve`` takes too; ``none``: the image's own size, the API's
+``processor_res=None``), or at the extension's pixel-perfect resolution with ``--control-pixel-perfect``.
 """
 
 from __future__ import annotations
@@ -66,6 +71,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "
                         "threshold (0.1), tile_colorfix+sharp's sharpness (1)")
+    g.add_argument("--control-processor-res", action="append", default=[], metavar="N|none",
+                   help="the resolution a preprocessor that reads one runs at (sd-webui-controlnet's Preprocessor "
+                        "Resolution: the image's shorter side scaled to N pixels, 1 to 8192; default 512, the "
+                        "extension's and sdrt serve's; none: the image's own size, as the Python API's default)")
+    g.add_argument("--control-pixel-perfect", action="append", default=[], nargs="?", const="on",
+                   choices=("on", "off"),
+                   help="run the preprocessor at the extension's pixel-perfect resolution instead: the image's "
+                        "shorter side once scaled to cover the output (to fit in it for Resize and Fill); alone it is "
+                        "on for every ControlNet, or on/off once per --control-image; a pixel-perfect unit does not "
+                        "read --control-processor-res")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
@@ -233,7 +248,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         for flag in ("controlnet", "control_mask", "control_scale", "control_start", "control_end",
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
                      "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
-                     "control_preprocessor_models", "control_pose_models", "guess_mode"):
+                     "control_preprocessor_models", "control_pose_models", "guess_mode", "control_processor_res",
+                     "control_pixel_perfect"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -256,6 +272,12 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
                               ("hr_option", "--control-hr-option"),
                               ("control_mask", "--control-mask"))})
+        perfect = _per_unit([v == "on" for v in args.control_pixel_perfect], n, "--control-pixel-perfect")
+        for k in range(n):  # a resolution the pipeline refuses (a network's image too large at it): the flag that gave it
+            name = "--control-pixel-perfect" if perfect[k] else "--control-processor-res"
+            once = len(getattr(args, name[2:].replace("-", "_"))) <= 1
+            args._names[f"controlnets[{k}] processor_res"] = name if n == 1 else \
+                f"{name} (for the {_ordinal(k + 1)} --control-image)" if once else f"the {_ordinal(k + 1)} {name}"
         nets = nets or ["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)]
         from ..pipelines.images import _missing
 
@@ -344,17 +366,18 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                     raise InputError(f"{pre} needs {need(pre)}", where=f"--control-preprocessor {pre}",
                                      fix=f"pass {mflag} FOLDER holding them")
                 model_files(pre, models, mflag)
+        ress = _resolutions(args, pres, [bool(p) for p in perfect], images)
         backend = getattr(args, "backend", None) or "auto"
         init = getattr(args, "init_image", None)
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm, res, pp in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
-                _per_unit(passes, n, "--control-hr-option"), poses):
+                _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect):
             if pre in ("inpaint", "inpaint_only", "inpaint_global_harmonious") and mask is None and init is not None \
                     and Path(image).resolve() == Path(init).resolve():
                 image = None  # the extension's unit without an image: the run's init image and --mask
@@ -363,7 +386,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
                                     inpaint_crop=crop != "off", hr_option=hr or "Both", preprocessor_models=pm,
-                                    pose_backend=backend))
+                                    pose_backend=backend, processor_res=res, pixel_perfect=bool(pp)))
         opts["controlnets"] = units
     _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
@@ -405,6 +428,70 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         raise InputError(f"cannot write into the folder {args.preview_dir}: it is not writable", where="--preview-dir",
                          fix="pick a folder you can write to")
     return opts
+
+
+#: the resolution the preprocessors that read one run at without --control-processor-res (sd-webui-controlnet's slider
+#: default, and sdrt serve's; the Python API's processor_res=None is the image's own size)
+PROCESSOR_RES = 512
+
+
+def _resolutions(args: argparse.Namespace, pres: list[Any], perfect: list[bool], images: list[str]) -> list[Any]:
+    """Each unit's ``processor_res`` from ``--control-processor-res`` (default :data:`PROCESSOR_RES`; ``none``: None,
+    the image's own size), checked in the flag's words before any model loads: a whole number from 1 to the API's
+    limit; given, some unit's preprocessor must read it; a network's image at it within ``MAX_NET_PIXELS``."""
+    from ..pipelines.controlnet import MAX_PROCESSOR_RES
+    from ..pipelines.preprocessors import AT_RESOLUTION
+
+    flag, n = "--control-processor-res", len(pres)
+    values: list[Any] = []
+    for text in args.control_processor_res:
+        word = str(text).strip()
+        if word.casefold() == "none":
+            values.append(None)
+            continue
+        if not word.isdecimal() or not 1 <= int(word) <= MAX_PROCESSOR_RES:
+            raise InputError(f"{flag} must be a whole number of pixels from 1 to {MAX_PROCESSOR_RES}, or none (the "
+                             f"image's own size), got {word[:40]!r}", where=flag,
+                             fix=f"pass e.g. {flag} {PROCESSOR_RES} (sd-webui-controlnet's default)")
+        values.append(int(word))
+    readers = [k for k in range(n) if (pres[k] or "none") in AT_RESOLUTION]
+    for name, given in ((flag, values), ("--control-pixel-perfect", [k for k in range(n) if perfect[k]])):
+        if given and not readers:  # as a threshold the preprocessor does not read: refused, not dropped
+            raise InputError(f"{name}: the {pres[0] or 'none'} preprocessor reads no resolution" if n == 1 else
+                             f"{name}: none of the preprocessors ({', '.join(p or 'none' for p in pres)}) reads a "
+                             "resolution", where=name, fix=f"leave {name} out, or pass a --control-preprocessor that "
+                                                           "reads one (canny, softedge_hed, ...)")
+    if values and all(perfect[k] for k in readers):
+        raise InputError(f"{flag} is given and every ControlNet whose preprocessor reads it is --control-pixel-perfect,"
+                         " which works the resolution out itself", where=flag,
+                         fix=f"leave {flag} or --control-pixel-perfect out")
+    out = _per_unit(values, n, flag) if values else [PROCESSOR_RES] * n
+    from ..pipelines.onlymasked import ONLY_MASKED, check_area
+
+    area = getattr(args, "inpaint_area", None)
+    only_masked = area is not None and check_area(area) == ONLY_MASKED
+    for k, (pre, res, image) in enumerate(zip(pres, out, images)):
+        if res is None or perfect[k] or (pre or "none") not in AT_RESOLUTION or only_masked:
+            continue  # pixel perfect, or an only-masked run's cut image: the pipeline checks it at its size
+        try:
+            from PIL import Image
+
+            with Image.open(image) as im:
+                w, h = im.size
+        except Exception:  # noqa: BLE001 - read by the pipeline, which says what is wrong with it
+            continue
+        from ..pipelines.controlmaps import ControlImageError
+        from ..pipelines.preprocessors import map_size
+
+        try:
+            map_size(pre, h, w, res)
+        except ControlImageError as exc:
+            name = flag if n == 1 or len(values) == 1 else f"the {_ordinal(k + 1)} {flag}"
+            said = f"{name} {res}" if values else f"the default {flag} {res}"
+            raise InputError(f"{said}: {exc.what} (--control-image {image} is {w}x{h})", where=name,
+                             fix=f"pass a smaller {flag} (or none: the image's own size), or crop the image to "
+                                 "nearer a square") from None
+    return out
 
 
 #: the names ``PreviewWriter`` writes (``--preview-dir`` is checked against the inputs with it)

@@ -88,13 +88,20 @@ def color_grid(image: np.ndarray, resolution: int | None = None) -> np.ndarray:
     h, w = a.shape[:2]
     size = min(h, w) if resolution is None else int(resolution)
     if size < 64:
-        raise ControlImageError(f"the colour grid of a {w}x{h} image at {size} pixels has no 64-pixel cell",
+        err = ControlImageError(f"the colour grid of a {w}x{h} image at {size} pixels has no 64-pixel cell",
                                 where=where, fix="pass a processor resolution of 64 or more (the extension's "
                                                  "default is 512)")
+        if resolution is not None:  # the unit's resolution was wrong, not its image: a unit's error names it
+            err.threshold = "processor_res"  # type: ignore[attr-defined]
+        raise err
     from .controlmaps import scaled_side
 
-    scaled_side(h, w, size / min(h, w), where, f"the control image at processor resolution {size}",
-                "crop the control image to nearer a square, or pass a smaller processor resolution")
+    try:
+        scaled_side(h, w, size / min(h, w), where, f"the control image at processor resolution {size}",
+                    "crop the control image to nearer a square, or pass a smaller processor resolution")
+    except ControlImageError as exc:
+        exc.threshold = "processor_res"  # type: ignore[attr-defined]
+        raise
     if h < w:
         nh, nw = size, int(round(w / h * size))
     else:

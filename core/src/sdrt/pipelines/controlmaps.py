@@ -286,6 +286,21 @@ def scaled_side(h: int, w: int, k: float, where: str, what: str,
     return side
 
 
+def processor_size(h: int, w: int, resolution: int, where: str = "sdrt.pipelines.controlmaps.processor_input"
+                   ) -> tuple[int, int]:
+    """``(height, width)`` of an ``h x w`` image with its shorter side scaled to ``resolution`` (before the padding to
+    64), as :func:`processor_input` scales it; a ``ControlImageError`` about the resolution (its ``threshold``:
+    ``"processor_res"``, so that a unit's error names it) when a side would pass ``MAX_SIDE``."""
+    k = float(resolution) / float(min(h, w))
+    try:
+        scaled_side(h, w, k, where, f"the control image at processor resolution {resolution}",
+                    "crop the control image to nearer a square, or pass a smaller processor resolution")
+    except ControlImageError as exc:
+        exc.threshold = "processor_res"  # type: ignore[attr-defined]
+        raise
+    return max(int(np.round(h * k)), 1), max(int(np.round(w * k)), 1)
+
+
 def processor_input(image: np.ndarray, resolution: int) -> tuple[np.ndarray, tuple[int, int]]:
     """``(padded image, (height, width))``: the image at a preprocessor resolution, its shorter side scaled to
     ``resolution`` (bicubic when enlarging, area averaging otherwise) and its bottom and right edges repeated up
@@ -297,9 +312,7 @@ def processor_input(image: np.ndarray, resolution: int) -> tuple[np.ndarray, tup
         raise ControlImageError(f"processor resolution {resolution}", where=where, fix="pass a positive resolution")
     h, w = a.shape[:2]
     k = float(resolution) / float(min(h, w))
-    scaled_side(h, w, k, where, f"the control image at processor resolution {resolution}",
-                "crop the control image to nearer a square, or pass a smaller processor resolution")
-    th, tw = max(int(np.round(h * k)), 1), max(int(np.round(w * k)), 1)
+    th, tw = processor_size(h, w, resolution, where)
     if (th, tw) != (h, w):
         a = _resample(a, tw, th, "cubic" if k > 1 else "area")
     ph, pw = -th % 64, -tw % 64

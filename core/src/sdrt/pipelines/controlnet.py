@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,6 +57,9 @@ from .preprocessors import preprocess as _preprocess
 
 INPAINT_NAMES = ("inpaint", "inpaint_only")  #: sdrt.pipelines.inpaintcn.INPAINT
 COLORFIX_NAMES = ("tile_colorfix", "tile_colorfix+sharp")  #: sdrt.pipelines.colorfix.NAMES
+#: True while a run plan runs the pipeline dry (sdrt.pipelines.plan.dry_run): a model-backed preprocessor's map is
+#: then zeros of the size it would have, and its network neither compiles nor runs
+PLANNING: ContextVar[bool] = ContextVar("sdrt_controlnet_planning", default=False)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -73,6 +77,8 @@ CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more 
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: the extension's soft injection: residual i of 13 times SOFT_BASE ** (12 - i)
 SOFT_BASE = 0.825
+#: the largest ``processor_res`` a unit takes (the CLI's ``--control-processor-res`` too)
+MAX_PROCESSOR_RES = 8192
 #: the weights file of a diffusers ControlNet folder (named after its folder in the infotext)
 WEIGHTS_NAMES = ("diffusion_pytorch_model.safetensors", "diffusion_pytorch_model.fp16.safetensors")
 
@@ -313,7 +319,11 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              "they are two ways of scaling the residuals", where=f"{where} guess_mode",
                              fix="pass guess_mode=True with the control mode Balanced, or a control mode alone")
         if unit.processor_res is not None:
-            unit.processor_res = int(_num(unit.processor_res, f"{where} processor_res", 1, 8192))
+            res = _num(unit.processor_res, f"{where} processor_res", 1, MAX_PROCESSOR_RES)
+            if not res.is_integer():  # a resolution is whole pixels: 512.7 is not silently 512
+                raise InputError(f"{where} processor_res must be a whole number of pixels, got {unit.processor_res!r}",
+                                 where=f"{where} processor_res", fix=f"pass processor_res={int(res)} or {int(res) + 1}")
+            unit.processor_res = int(res)
         # the init image's names (sdrt.pipelines.images.resize_mode): any case, A1111's 0 to 2, the extension's aliases
         unit.resize = resize_mode(RESIZE_MODES[1] if unit.resize is None else unit.resize, f"{where} resize",
                                   RESIZE_MODES)
@@ -436,10 +446,16 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
 
         return rgba(rgb, mask)
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
-    if res is not None and unit.preprocessor in AT_RESOLUTION and unit.made_at is None:
-        unit.made_at = res
+    if unit.preprocessor in AT_RESOLUTION and unit.made_at is None:  # the infotext's: what ran (None: the image's own)
+        unit.made_at = res if res is not None else min(rgb.shape[:2])
     seed = unit.seed if unit.seed is not None else unit.run_seed
     try:
+        if unit.preprocessor in WITH_MODELS and PLANNING.get():
+            # a run plan (sdrt.pipelines.plan): the map's size without compiling or running the network (it is resized
+            # to the pass's size anyway), after the refusals its resolution would give
+            from .preprocessors import map_size
+
+            return np.zeros((*map_size(unit.preprocessor, rgb.shape[0], rgb.shape[1], res), 3), np.uint8)
         if unit.preprocessor in WITH_MODELS:
             try:
                 return _preprocess(rgb, unit.preprocessor, unit.low, unit.high, res, seed,

@@ -126,7 +126,13 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     elif pipe.control_lora is not None:  # active now: the twin has no weight state, and names it all the same
         dry.__dict__["_planned_control"] = pipe._control_lora_said()
     steps: list[int] = []
-    dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
+    from .controlnet import PLANNING
+
+    token = PLANNING.set(True)  # a model-backed preprocessor's map: its size only, no network compiled or run
+    try:
+        dry._generate(prompt, negative_prompt, lambda i, n, x: steps.append(n) if i == 1 else None, kwargs)
+    finally:
+        PLANNING.reset(token)
     s = dry._settings
     parts = []
     # the refiner's parts (sdrt.pipelines.refiner.Run), named "refiner.<part>", in one order of first use
@@ -346,6 +352,7 @@ def _notes(s: Any) -> list[str]:
     for k, u in enumerate(tb.controlnets if tb is not None else []):
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}"
+                     + (f" at {u.made_at}" + (" (pixel perfect)" if u.pixel_perfect else "") if u.made_at else "")
                      + (", guess mode" if u.guess_mode else f", mode {u.control_mode}" if u.control_mode != "Balanced"
                         else ""))
     refs = getattr(s, "reference_images", None)

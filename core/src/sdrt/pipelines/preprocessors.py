@@ -71,7 +71,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -370,10 +370,29 @@ def check_net_pixels(height: int, width: int, resolution: int) -> None:
     from .controlmaps import ControlImageError
 
     if height * width > MAX_NET_PIXELS:
-        raise ControlImageError(f"the control image at processor resolution {resolution} would be {width}x{height} "
+        err = ControlImageError(f"the control image at processor resolution {resolution} would be {width}x{height} "
                                 f"for the preprocessor's network, above {MAX_NET_PIXELS} pixels (2048x8192)",
                                 where="sdrt.pipelines.preprocessors.processor_res",
                                 fix="pass a smaller processor resolution, or crop the image to nearer a square")
+        err.threshold = "processor_res"  # type: ignore[attr-defined]  # a unit's error names its resolution
+        raise err
+
+
+def map_size(name: str, height: int, width: int, resolution: int | None) -> tuple[int, int]:
+    """``(height, width)`` of the map model-backed preprocessor ``name`` makes of a ``height x width`` image at
+    ``resolution`` (None: the image's own size), worked out without running its network (a run plan's: the map is
+    resized to the output size anyway), with the refusals that making it gives first: a side above ``MAX_SIDE`` on
+    the way, or a network's image above :data:`MAX_NET_PIXELS`."""
+    from .controlmaps import processor_size
+
+    spec = SPECS[name]
+    if resolution is None or spec.resolution not in ("pad", "scale"):
+        return height, width
+    th, tw = processor_size(height, width, resolution)
+    if name in WITH_MODELS and name not in _OWN_SIZE:  # the network reads the image padded to 64, as _made pads it
+        check_net_pixels(th + -th % 64 if spec.resolution == "pad" else th,
+                         tw + -tw % 64 if spec.resolution == "pad" else tw, resolution)
+    return th, tw
 
 
 def kind_of(name: str) -> str:

@@ -322,6 +322,8 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         fields[f"controlnets[{len(out)}] preprocessor_models"] = f"{where}.module"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
         fields[f"controlnets[{len(out)}] control_mask"] = f"{where}.mask"
+        # a resolution the pipeline refuses (a network's image too large at it): the slider that gave it
+        fields[f"controlnets[{len(out)}] processor_res"] = f"{where}.{'pixel_perfect' if made.pixel_perfect else 'processor_res'}"
         out.append(made)
         for f in made.preprocessor_models or ():  # a refusal of the file says it as the admin names it
             fields[str(f)] = admin_paths(str(f), registry.models_dir)
