@@ -183,7 +183,8 @@ def test_anyline_in_a_controlnet_run_and_on_the_command_line(refs, files, tmp_pa
             "--backend", backend, "--control-image", str(png), "--control-preprocessor", "softedge_anyline"]
     assert main([*args, "--control-preprocessor-models", str(files["root"]), "-o", str(out)]) == 0, \
         capsys.readouterr().err
-    assert "Module: softedge_anyline, Model: controlnet" in Image.open(out).text["parameters"]
+    text = Image.open(out).text["parameters"]  # the CLI's default resolution: the extension's 1280 for Anyline
+    assert "Module: softedge_anyline, Model: controlnet" in text and "Processor Res: 1280" in text, text
     capsys.readouterr()
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err

@@ -73,7 +73,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "threshold (0.1), tile_colorfix+sharp's sharpness (1)")
     g.add_argument("--control-processor-res", action="append", default=[], metavar="N|none",
                    help="the resolution a preprocessor that reads one runs at (sd-webui-controlnet's Preprocessor "
-                        "Resolution: the image's shorter side scaled to N pixels, 1 to 8192; default 512, the "
+                        "Resolution: the image's shorter side scaled to N pixels, 1 to 8192; default 512 (softedge_anyline 1280), the "
                         "extension's and sdrt serve's; none: the image's own size, as the Python API's default)")
     g.add_argument("--control-pixel-perfect", action="append", default=[], nargs="?", const="on",
                    choices=("on", "off"),
@@ -431,7 +431,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
 
 
 #: the resolution the preprocessors that read one run at without --control-processor-res (sd-webui-controlnet's slider
-#: default, and sdrt serve's; the Python API's processor_res=None is the image's own size)
+#: default, and sdrt serve's; softedge_anyline's is 1280, as the extension's: preprocessors.default_resolution; the
+#: Python API's processor_res=None is the image's own size)
 PROCESSOR_RES = 512
 
 
@@ -440,7 +441,7 @@ def _resolutions(args: argparse.Namespace, pres: list[Any], perfect: list[bool],
     the image's own size), checked in the flag's words before any model loads: a whole number from 1 to the API's
     limit; given, some unit's preprocessor must read it; a network's image at it within ``MAX_NET_PIXELS``."""
     from ..pipelines.controlnet import MAX_PROCESSOR_RES
-    from ..pipelines.preprocessors import AT_RESOLUTION
+    from ..pipelines.preprocessors import AT_RESOLUTION, default_resolution
 
     flag, n = "--control-processor-res", len(pres)
     values: list[Any] = []
@@ -465,7 +466,7 @@ def _resolutions(args: argparse.Namespace, pres: list[Any], perfect: list[bool],
         raise InputError(f"{flag} is given and every ControlNet whose preprocessor reads it is --control-pixel-perfect,"
                          " which works the resolution out itself", where=flag,
                          fix=f"leave {flag} or --control-pixel-perfect out")
-    out = _per_unit(values, n, flag) if values else [PROCESSOR_RES] * n
+    out = _per_unit(values, n, flag) if values else [default_resolution(pre) for pre in pres]
     from ..pipelines.onlymasked import ONLY_MASKED, check_area
 
     area = getattr(args, "inpaint_area", None)

@@ -147,6 +147,13 @@ SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe")
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution
 AT_RESOLUTION = tuple(n for n, s in SPECS.items() if s.resolution is not None)
+#: sd-webui-controlnet's default resolution slider, where a preprocessor's is not 512 (PreprocessorAnyline: 1280)
+DEFAULT_RESOLUTION = {"softedge_anyline": 1280}
+
+
+def default_resolution(name: str | None) -> int:
+    """The extension's default processor resolution for preprocessor ``name`` (512 but where it sets another)."""
+    return DEFAULT_RESOLUTION.get(name or "none", 512)
 #: the OpenPose modules that run the hand or face model beside the body's
 OPENPOSE_PARTS = ("openpose_hand", "openpose_face", "openpose_faceonly", "openpose_full")
 #: the preprocessors that run a model (their files given as ``models``)
