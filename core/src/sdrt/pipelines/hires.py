@@ -148,11 +148,14 @@ class Hires:
             return resolve(name, self.schedule)
         return resolve(self.sampler, self.schedule if self.schedule is not None else self.first_schedule)
 
-    def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "") -> dict[str, object]:
+    def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "",
+                 checkpoint: str | None = None) -> dict[str, object]:
         """A1111's fields, in its order: ``first`` (the first pass's (sampler name, SamplerChoice)) for ``Hires
         sampler`` / ``Hires schedule type`` (written when they differ from the first pass's), the first pass's
         prompts for ``Hires prompt`` / ``Hires negative prompt`` (likewise)."""
         fields: dict[str, object] = {"Denoising strength": _num(self.denoise)}
+        if checkpoint is not None:  # A1111's hr_checkpoint_info.short_title, before the sampler's fields
+            fields["Hires checkpoint"] = checkpoint
         if first is not None and (self.sampler is not None or self.schedule is not None):
             from .names import sampler_labels
 
