@@ -161,3 +161,33 @@ def test_a_flux_second_pass_after_sd15_is_refused() -> None:
         first.generate("a cat", steps=2, seed=1, width=64, height=64, hires_scale=2,
                        hires_checkpoint=DATA / "tiny-flux-schnell")
     assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
+
+
+def test_cli_hires_checkpoint(tmp_path, capsys) -> None:
+    """``sdrt generate --hires-checkpoint``: the picture is the API's, the PNG says ``Hires checkpoint`` and A1111's
+    /png-info reading gives it back; a missing file or a model of other latents is one line naming the flag."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+    from sdrt.serve.responses import parse_infotext
+
+    register("openvino")
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    out = tmp_path / "x.png"
+    assert main(["generate", str(A), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+                 str(case["steps"]), "--cfg", "7", "--sampler", "Euler", "--seed", str(case["seed"]), "--width", "64",
+                 "--height", "64", "--hires-scale", "2", "--hires-steps", "4", "--hires-denoise", "0.5",
+                 "--hires-upscaler", "Lanczos", "--hires-checkpoint", str(B), "--backend", "openvino",
+                 "-o", str(out)]) == 0
+    from PIL import Image
+
+    assert_matches_diffusers([np.asarray(Image.open(out).convert("RGB"))], np.load(B / "hires_refs.npz")[case["name"]])
+    back = parse_infotext(read_parameters(out))
+    assert back["Hires checkpoint"].startswith("tiny-sd15-dyn-b [") and back["Model"] == "tiny-sd15-dyn"
+    capsys.readouterr()
+    for extra, said in ((["--hires-checkpoint", str(tmp_path / "none.safetensors")], "does not exist"),
+                        (["--hires-checkpoint", str(DATA / "tiny-sdxl-dyn")], "SDXL latents are not SD 1.x/2.x")):
+        rc = main(["generate", str(A), "a cat", "--steps", "2", "--width", "64", "--height", "64", "--hires-scale", "2",
+                   "--backend", "openvino", "-o", str(tmp_path / "y.png"), *extra])
+        err = capsys.readouterr().err
+        assert rc != 0 and said in err and "--hires-checkpoint" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) <= 2, err

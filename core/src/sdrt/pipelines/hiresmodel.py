@@ -162,7 +162,7 @@ def check(pipe: Pipeline, other: Pipeline, s: Settings) -> None:
                              + ("a flow model's second pass follows a model of its own family only"
                                 if hr.latent is False else
                                 f"their latents differ ({other_space[0]} and {space[0]})"), where=where,
-                             fix=f"pass a {base.label} model as {{@hires_checkpoint}}, or leave it out")
+                             fix=f"pass {_a(base.label)} model as {{@hires_checkpoint}}, or leave it out")
     elif hr.latent and space != other_space:
         raise InputError(f"the hires checkpoint ({name}) is {fam.label} and this model {base.label}: the "
                          f"{hr.upscaler} upscaler hands the first pass's latents to the second pass, and "
@@ -191,6 +191,10 @@ def latent_space(pipe: Pipeline) -> tuple[Any, ...]:
     stats = fam.latent_stats
     return (LATENT_SPACES.get(fam.name, fam.label), fam.latent_channels, fam.vae_factor, fam.packed,
             None if stats is None else tuple(np.concatenate([stats[0].ravel(), stats[1].ravel()]).round(6)))
+
+
+def _a(label: str) -> str:
+    return ("an " if label[:1] in "AEIOS" else "a ") + label
 
 
 def _latents(space: tuple[Any, ...]) -> str:
