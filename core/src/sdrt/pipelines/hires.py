@@ -26,7 +26,8 @@ The second pass may have its own sampler and schedule (``hires_sampler``, ``hire
 The second pass runs ``hires_steps`` steps (0: the first pass's count) at the end of a schedule of
 ``int(hires_steps / min(denoise, 0.999))`` steps, as A1111's ``setup_img2img_steps`` with explicit steps
 does, from the upscaled latent noised to its first step; its noise is drawn afresh from each image's
-seed at the new size (A1111 makes a new ``ImageRNG`` for the pass).
+seed at the new size (A1111 makes a new ``ImageRNG`` for the pass). A1111's DDIM and PLMS cut that schedule their own
+way (:mod:`sdrt.pipelines.compvis`).
 """
 
 from __future__ import annotations

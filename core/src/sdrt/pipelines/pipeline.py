@@ -496,6 +496,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
         steps = s.steps  # the schedule's length: img2img under A1111's fixed steps stretches it
+        hires_pass = start is not None
         if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
             pass
         elif s.strength is None:
@@ -519,6 +520,13 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             return FlowLoop(ts, sigmas, self.family.timestep_scale)
         if start is None:  # a flow model on another sampler: diffusers' rule as the other families
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
+        if (hires_pass or (s.strength is not None and s.strength_rule != "diffusers")) and isinstance(ms, FolderSchedule):
+            from . import compvis  # A1111's DDIM and PLMS cut img2img their own way
+
+            cut = compvis.loop(ms, s.choice, steps, start, seed=seed, generator=generator,
+                               where="hires_denoise" if hires_pass else "strength")
+            if cut is not None:
+                return cut
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
             plan = ms.euler_plan(steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator)
