@@ -136,6 +136,12 @@ def test_bad_arguments_are_one_line_naming_hires_checkpoint(extra, words) -> Non
     assert "\n" not in str(exc.value)
 
 
+def test_a_missing_checkpoint_lists_those_beside_it() -> None:
+    with pytest.raises(InputError, match=r"does not exist.*pipelines has: .*tiny-sd15-dyn-b/, ") as exc:
+        pipelines.validate("a cat", hires_scale=2, hires_checkpoint=DATA / "tiny-sd15-dyn-c")
+    assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
+
+
 def test_a_second_model_of_another_latent_space_is_refused() -> None:
     """SDXL's latents are not SD 1.x's: with a latent upscaler the second pass would read the wrong latents (A1111
     does not check); with an image upscaler its VAE encodes the picture again, so it runs."""

@@ -65,12 +65,30 @@ def check_spec(spec: Any) -> Any:
     if isinstance(spec, (str, os.PathLike)):
         path = os.fspath(spec)
         if not os.path.exists(path):
+            near = _models_beside(path)
             raise InputError(f"the hires checkpoint {path!r} does not exist", where="hires_checkpoint",
                              fix="pass the second pass's model: a .safetensors file or a model folder, or a "
-                                 "pipeline from sdrt.pipelines.load")
+                                 "pipeline from sdrt.pipelines.load" + (f"; {near}" if near else ""))
         return spec
     raise InputError(f"hires_checkpoint must be a model path or a pipeline, got {type(spec).__name__} {spec!r:.40}",
                      where="hires_checkpoint", fix="pass {@hires_checkpoint=}'other.safetensors' or a loaded pipeline")
+
+
+def _models_beside(path: str, most: int = 12) -> str:
+    """The checkpoints in the folder a missing path names (model files and folders with a model_index.json), as
+    "FOLDER has: a.safetensors, b/"; "" when that folder is not there or holds none."""
+    folder = Path(path).parent
+    try:
+        entries = sorted(folder.iterdir())
+    except OSError:
+        return ""
+    found = [e.name + ("/" if e.is_dir() else "") for e in entries
+             if (e.is_file() and e.suffix.lower() in (".safetensors", ".ckpt", ".gguf"))
+             or (e.is_dir() and (e / "model_index.json").is_file())]
+    if not found:
+        return ""
+    more = f" and {len(found) - most} more" if len(found) > most else ""
+    return f"{folder} has: {', '.join(found[:most])}{more}"
 
 
 def check_toolbox(tb: Any) -> None:
