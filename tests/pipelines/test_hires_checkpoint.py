@@ -197,3 +197,23 @@ def test_cli_hires_checkpoint(tmp_path, capsys) -> None:
         err = capsys.readouterr().err
         assert rc != 0 and said in err and "--hires-checkpoint" in err and "Traceback" not in err, err
         assert len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_prompt_lora_applies_to_the_second_model_too() -> None:
+    """A1111 activates the hires prompt's extra networks on the reloaded checkpoint: a <lora:...> tag changes the
+    second model's pass as well (found in the first model's LoRA folder), and the next run without it un-applies it."""
+    lora_dir = DATA.parent / "ckpt" / "pipe-sd15"
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino") as first, pipelines.load(B, backend="openvino") as second:
+        plain = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        first.weights.lora_dir = lora_dir
+        tagged = first.generate(case["prompt"] + " <lora:tinylora:0.7>", case["negative_prompt"],
+                                hires_checkpoint=second, **_kwargs(case))
+        assert [a.name for a in second.weights.loras] == ["tinylora"]
+        alone = first.generate(case["prompt"] + " <lora:tinylora:0.7>", case["negative_prompt"], **_kwargs(case))
+        # the first pass is the same in both: the second model's LoRA is what differs from the untagged picture
+        assert not np.array_equal(tagged.images[0], plain.images[0])
+        assert not np.array_equal(tagged.images[0], alone.images[0])
+        again = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert not second.weights.loras and np.array_equal(again.images[0], plain.images[0])

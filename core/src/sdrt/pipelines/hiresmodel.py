@@ -157,6 +157,8 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
     from ..text.loras import has_lora_tag
 
     if other._weight_state is not None or has_lora_tag(*raw):  # its LoRAs are the prompt's, as the first model's
+        if pipe._weight_state is not None and other.weights.lora_dir is None:  # found where the first model's are
+            other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
 
