@@ -35,6 +35,10 @@ def url(tmp_path_factory):
     root = tmp_path_factory.mktemp("hrckpt")
     for name in ("tiny-sd15-dyn", "tiny-sd15-dyn-b", "tiny-sdxl-dyn"):
         shutil.copytree(DATA / name, root / name)
+    from test_serve_modules import _part
+
+    (root / "VAE").mkdir()
+    _part("first_stage_model.", root / "VAE" / "custom_vae.safetensors", strip=True)  # tiny-sd15's architecture
     with live_server(ServeConfig(models=root, backend="openvino")) as u:
         yield u
 
@@ -104,3 +108,12 @@ def test_bad_hr_checkpoint_name_is_a_400_naming_it(url, body, words):
     assert r.status_code == 400, r.text
     assert r.json().get("field") == "hr_checkpoint_name" and words in r.text, r.text
     assert "Traceback" not in r.text and "hires_checkpoint" not in r.text and str(DATA) not in r.text
+
+
+def test_a_chosen_vae_is_said_to_apply_to_the_first_model(url):
+    out = _post(url, hr_checkpoint_name="tiny-sd15-dyn-b", hr_upscaler="Latent",
+                override_settings={"sd_model_checkpoint": "tiny-sd15-dyn", "sd_vae": "custom_vae.safetensors"})
+    notes = json.loads(out["info"])["sdrt_not_honoured"]
+    assert any("apply to the first pass's model; the hires checkpoint tiny-sd15-dyn-b runs its own" in n
+               for n in notes), notes
+    assert "VAE: custom_vae.safetensors" in out["info"]

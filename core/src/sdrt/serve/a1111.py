@@ -236,7 +236,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         if _set(overrides, "hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
     by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
     refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
-    hires_model = _hires_checkpoint(body, kwargs, registry) if mode == "txt2img" else None
+    hires_model = _hires_checkpoint(body, kwargs, registry, model, not_honoured) if mode == "txt2img" else None
     # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
     # (sd_samplers_common.py); the pipeline writes it with its refiner, the worker without one
     if by_steps and refiner is None:
@@ -361,7 +361,8 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
             kwargs[key] = text
 
 
-def _hires_checkpoint(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry) -> ModelEntry | None:
+def _hires_checkpoint(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
+                      not_honoured: list[str]) -> ModelEntry | None:
     """A1111's ``hr_checkpoint_name`` (the UI's "Hires checkpoint"): a model of this server, matched as
     ``sd_model_checkpoint`` is (title, name with or without its hash), that runs the hires pass
     (sdrt.pipelines.hiresmodel); "Use same checkpoint", "" and null: the first pass's model. Without the hires fix
@@ -375,6 +376,9 @@ def _hires_checkpoint(body: dict[str, Any], kwargs: dict[str, Any], registry: Re
         raise ApiError(400, f"hr_checkpoint_name {entry.name!r} lacks its {entry.needs} (a part-only file): pass a "
                             "model that runs on its own", field="hr_checkpoint_name")
     kwargs["hires_checkpoint"] = entry.path  # checked as a path by validate; the worker runs its pipeline
+    if entry.key != model.key and (model.vae is not None or model.text_encoders):
+        not_honoured.append(f"{model.module_field or 'sd_vae'}: the VAE / text encoders chosen apply to the first pass's "
+                            f"model; the hires checkpoint {entry.name} runs its own")
     return entry
 
 
