@@ -16,8 +16,12 @@ scaled-linear ``alphas_cumprod``) and the CFG denoiser: a model whose noise pred
 of every call. Each row: the sampler, ``steps``, ``strength``, ``fix`` (``img2img_fix_steps``), ``hires`` (the
 steps given, as the hires pass gives them), the step count A1111 shows (``launch_sampling``'s), the timestep the
 latent is noised to, the timesteps of the model's calls in order, and the factor the latent ends scaled by (the
-sampler's last alpha over its first, with a prediction of 0); for UniPC the ``steps`` and ``t_start`` its solver
-is given (its solver is A1111's port of UniPC's own, not run here).
+sampler's last alpha over its first, with a prediction of 0). UniPC runs A1111's own solver
+(``modules/models/diffusion/uni_pc/uni_pc.py``, imported from the checkout, and ``UniPCCFG``) with A1111's defaults
+(order 3, ``time_uniform``, ``bh1``, lower order at the end) on a model whose noise prediction is
+``0.2 x + 0.001 t`` (``t`` its input time): the ``steps`` and ``t_start`` the solver is given, the input time of every
+call, and the latent it ends with from a latent of 1 noised to ``timesteps[t_enc]`` (``null`` where A1111's
+solver refuses: fewer steps than its order).
 """
 
 from __future__ import annotations
@@ -84,20 +88,24 @@ def main() -> None:
         def trange(n, disable=None):
             return range(n)
 
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("uni_pc", mods / "models" / "diffusion" / "uni_pc" / "uni_pc.py")
+    uni_pc = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(uni_pc)
     unipc_seen: dict = {}
+    real_sample = uni_pc.UniPC.sample
 
-    class UniPCStandIn:  # records what A1111's unipc hands its solver
-        def __init__(self, *a, **k):
-            pass
+    def recording_sample(self, x, **kw):  # what A1111's unipc hands its solver, then the solver itself
+        unipc_seen.update(steps=int(kw["steps"]), t_start=None if kw["t_start"] is None else float(kw["t_start"]))
+        return real_sample(self, x, **kw)
 
-        def sample(self, x, **kw):
-            unipc_seen.update(steps=int(kw["steps"]), t_start=None if kw["t_start"] is None else float(kw["t_start"]))
-            return x
-
+    uni_pc.UniPC.sample = recording_sample
     impl_env = {"torch": torch, "np": np, "tqdm": Trange, "shared": SimpleNamespace(opts=opts),
-                "k_diffusion": SimpleNamespace(sampling=SimpleNamespace(torch=torch)),
-                "uni_pc": SimpleNamespace(NoiseScheduleVP=lambda *a, **k: None), "UniPCCFG": UniPCStandIn}
+                "k_diffusion": SimpleNamespace(sampling=SimpleNamespace(torch=torch)), "uni_pc": uni_pc}
     impl = _tree(mods / "sd_samplers_timesteps_impl.py")
+    cls = next(n for n in ast.walk(impl) if isinstance(n, ast.ClassDef) and n.name == "UniPCCFG")
+    exec(compile(ast.fix_missing_locations(ast.Module(body=[cls], type_ignores=[])), "<a1111>", "exec"), impl_env)
     funcs = {name: _compile(_function(impl, name), impl_env) for name in ("ddim", "plms", "unipc")}
     tree = _tree(mods / "sd_samplers_timesteps.py")
     env.update(sd_samplers_common=common, devices=SimpleNamespace(device="cpu"),
@@ -111,7 +119,12 @@ def main() -> None:
         inner_model = SimpleNamespace(inner_model=SimpleNamespace(alphas_cumprod=ac))
         padded_cond_uncond = False
 
+        linear = False
+
         def __call__(self, x, t, **kw):
+            if self.linear:  # UniPC: its input time is continuous
+                calls.append(float(t.reshape(-1)[0].item()))
+                return 0.2 * x + 0.001 * t.reshape(-1)[0].to(x.dtype)
             calls.append(int(t.reshape(-1)[0].item()))
             return torch.zeros_like(x)
 
@@ -121,7 +134,9 @@ def main() -> None:
         unipc_seen.clear()
         shown: list[int] = []
         p = SimpleNamespace(steps=steps, denoising_strength=strength, cfg_scale=7.0, extra_generation_params={})
-        self = SimpleNamespace(config=None, func=funcs[label.lower()], model_wrap_cfg=Model(), s_min_uncond=0.0,
+        wrap = Model()
+        wrap.linear = label == "UniPC"
+        self = SimpleNamespace(config=None, func=funcs[label.lower()], model_wrap_cfg=wrap, s_min_uncond=0.0,
                                initialize=lambda p: {}, callback_state=lambda d: None)
         self.get_timesteps = lambda p, n: get_timesteps(self, p, n)
         self.launch_sampling = lambda n, f: (shown.append(n), f())[1]
@@ -132,14 +147,18 @@ def main() -> None:
         except (ValueError, ZeroDivisionError, IndexError) as exc:  # 1000 // steps = 0: range() of step 0
             row["error"] = type(exc).__name__
             return row
+        except AssertionError:  # UniPC: fewer steps than its order
+            out = None
         # the timestep the latent was noised to, and the latent then: x = 1, noise = 0 became sqrt(alphas_cumprod[t])
         length, t_enc = common.setup_img2img_steps(p, given)
         noised = int(get_timesteps(self, p, length)[t_enc])
         xi = float(torch.sqrt(ac[noised]))
-        row.update(shown=shown[0], noise_t=noised, calls=list(calls), scale=float(out.reshape(-1)[0]) / xi)
         if label == "UniPC":
-            row.update(unipc_steps=unipc_seen["steps"], unipc_t_start=unipc_seen["t_start"])
-            del row["calls"], row["scale"]
+            row.update(shown=t_enc + 1, noise_t=noised, unipc_steps=unipc_seen["steps"],
+                       unipc_t_start=unipc_seen["t_start"], calls=list(calls) if out is not None else None,
+                       out=float(out.reshape(-1)[0]) if out is not None else None)
+            return row
+        row.update(shown=shown[0], noise_t=noised, calls=list(calls), scale=float(out.reshape(-1)[0]) / xi)
         return row
 
     rows = []

@@ -14,7 +14,7 @@ import pytest
 from pipeline_helpers import DATA, assert_matches_diffusers, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError
+from sdrt.errors import InputError, SdrtError
 from sdrt.pipelines import compvis
 from sdrt.pipelines.hires import parse, second_pass_steps
 from sdrt.pipelines.strength import schedule
@@ -79,9 +79,47 @@ def test_the_cut_is_a1111s(ms, sampler: str) -> None:
     assert checked > 200
 
 
+class _Linear:
+    """A model whose noise prediction is ``0.2 x + 0.001 t`` (x the latent as A1111's solver keeps it, t the UNet's
+    input time), recording t."""
+
+    def __init__(self, ms) -> None:
+        self.ms, self.calls = ms, []
+
+    def __call__(self, x, sigma, **kw):  # KLoop: (latent, sigma) -> denoised
+        sigma = float(sigma)
+        t = float(self.ms.timestep(sigma))
+        self.calls.append(t)
+        eps = 0.2 * (x / np.sqrt(1 + sigma * sigma)) + 0.001 * t
+        return (x - sigma * eps).astype(np.float32)
+
+
+def test_unipc_is_a1111s(ms) -> None:
+    """A1111's UniPC img2img: its own solver (order 3, time_uniform, bh1) run by scripts/gen_a1111_timestep_refs.py on
+    a linear model; sdrt's UniPC on the sigmas of the same points gives its calls' input times and its result."""
+    checked = 0
+    for row in (r for r in TABLE if r["sampler"] == "UniPC"):
+        length, start = _length_start(row)
+        if "error" in row or row["out"] is None:  # a schedule past 1000 steps; fewer solver steps than its order
+            # (A1111's error rows: range() of step 0, or t_enc 0, whose empty timesteps its unipc indexes)
+            with pytest.raises(SdrtError, match="1000 steps at most|fewer than its order|at least 4 steps" if "error"
+                               in row else "fewer than its order|at least 4 steps in the hires pass"):
+                compvis.loop(ms, resolve("UniPC"), length, start, seed=1, generator=None,
+                             where="hires_denoise" if row["hires"] else "strength")
+            continue
+        loop = compvis.loop(ms, resolve("UniPC"), length, start, seed=1, generator=None)
+        model = _Linear(ms)
+        image = np.ones((1, 4, 2, 2), np.float32)
+        out = loop.run(model, loop.start(np.zeros_like(image), image))
+        np.testing.assert_allclose(model.calls, row["calls"], atol=0.05, err_msg=str(row))
+        assert float(out.reshape(-1)[0]) == pytest.approx(row["out"], rel=2e-4, abs=2e-5), row
+        checked += 1
+    assert checked > 120
+
+
 def test_other_samplers_and_schedules_keep_the_sigma_cut(ms) -> None:
-    """Only A1111's DDIM and PLMS labels (their own schedule) cut this way; UniPC, Euler, "DDIM Karras" do not."""
-    for name, schedule_name in (("UniPC", None), ("Euler", None), ("DDIM", "karras"), ("LMS", None)):
+    """Only A1111's DDIM, PLMS and UniPC labels (their own schedule) cut this way; Euler, "DDIM Karras" do not."""
+    for name, schedule_name in (("Euler", None), ("DDIM", "karras"), ("LMS", None), ("DPM++ 2M", None)):
         assert compvis.loop(ms, resolve(name, schedule_name), 20, 9, seed=1, generator=None) is None
 
 

@@ -1,5 +1,5 @@
-"""A1111's img2img cut for its "timesteps" samplers, DDIM and PLMS (``strength_rule="a1111"`` / ``"a1111-fix-steps"``
-and the hires fix's second pass).
+"""A1111's img2img cut for its "timesteps" samplers, DDIM, PLMS and UniPC (``strength_rule="a1111"`` /
+``"a1111-fix-steps"`` and the hires fix's second pass).
 
 A1111 runs DDIM, PLMS and UniPC through ``CompVisSampler`` (modules/sd_samplers_timesteps.py), which cuts img2img
 otherwise than its k-diffusion samplers (:mod:`.strength`: ``t_enc + 1`` steps of the sigma schedule):
@@ -15,11 +15,16 @@ otherwise than its k-diffusion samplers (:mod:`.strength`: ``t_enc + 1`` steps o
   it is. At 20 steps and strength 0.5: noised to 501, 9 steps at 451, 401, ..., 51; at 0.05 (``t_enc`` 1) no step
   at all: the noised latent is the result, as in A1111.
 
+- UniPC hands its own solver (A1111's port of UniPC: order 3, ``time_uniform``, B(h) = h, lower order at the end)
+  ``t_enc`` steps in continuous time from ``timesteps[t_enc - 1] / 1000 + 1 / 1000`` down to ``1 / 1000``, again from
+  the latent noised to ``timesteps[t_enc]``; it refuses fewer steps than its order (img2img at 0.1 of 20 steps, a
+  hires pass of 3 steps or fewer), and so does sdrt, in one line.
+
 DDIM runs here as that cut of diffusers' ``DDIMScheduler`` arithmetic (the step from ``alphas_cumprod[t]`` to
-``alphas_cumprod[t_prev]``, in the latent A1111's sampler keeps); PLMS as sdrt's PLMS (an Euler step in sigma per
-prediction, :func:`sdrt.samplers.plms`) on the sigmas of those timesteps, the latent turned into that form at the
-start and back at the end. UniPC is not cut this way (see docs/serve.md): A1111 runs its own port of UniPC in
-continuous time, which sdrt's (ComfyUI's, on sigmas) is not.
+``alphas_cumprod[t_prev]``, in the latent A1111's sampler keeps); PLMS and UniPC as sdrt's own (:func:`sdrt.samplers.plms`,
+:func:`sdrt.samplers.uni_pc`, the same updates in sigma) on the sigmas of those points (UniPC's from A1111's
+``NoiseScheduleVP("discrete")``: ``log alpha`` linear in ``t`` between the table's entries), the latent turned into
+that form at the start and back at the end. In txt2img sdrt's PLMS and UniPC keep their own schedules (ComfyUI's).
 """
 
 from __future__ import annotations
@@ -32,8 +37,8 @@ from ..errors import InputError
 from .loops import F32, DDIMLoop, KLoop
 from .scheduling import Plan
 
-#: sdrt's (sampler, schedule) of A1111's DDIM and PLMS labels (A1111's timestep samplers take no schedule)
-SAMPLERS = frozenset({("ddim", "ddim_uniform"), ("plms", "ddim_uniform")})
+#: sdrt's (sampler, schedule) of A1111's DDIM, PLMS and UniPC labels (A1111's timestep samplers take no schedule)
+SAMPLERS = frozenset({("ddim", "ddim_uniform"), ("plms", "ddim_uniform"), ("uni_pc", "normal")})
 
 
 def timesteps(length: int, where: str = "strength") -> np.ndarray:
@@ -67,31 +72,68 @@ class DDIMCut(DDIMLoop):
         return a ** F32(0.5) * image + (F32(1) - a) ** F32(0.5) * noise
 
 
-class PLMSCut(KLoop):
-    """PLMS on A1111's cut: sdrt's sampler on the sigmas of ``timesteps[t_enc - 1]`` ... ``timesteps[0]``, its first
-    step a pseudo improved Euler one however few follow; the latent A1111 noises to ``timesteps[t_enc]`` taken as
-    the first sigma's at the start, and the last sigma's latent given back as A1111's sampler keeps it."""
+class _SigmaCut(KLoop):
+    """An sdrt sampler on sigmas A1111's cut gives: the latent A1111 noises to ``noise_t`` (``sqrt(a) x +
+    sqrt(1 - a) noise``) read as the first sigma's at the start (divided by that point's ``sqrt(alpha_cumprod)``,
+    ``first``), and the last sigma's latent given back as A1111's sampler keeps it (times ``sqrt(last)``)."""
 
-    def __init__(self, ms: Any, ts: np.ndarray, t_enc: int, sampler: Any, options: dict[str, Any], *, seed: int,
-                 generator: Any) -> None:
-        run = [int(ts[i]) for i in range(max(t_enc - 1, 0), -1, -1)]
-        super().__init__(ms, [float(ms.sigmas_f32[t]) for t in run], sampler, {**options, "pseudo_first": True},
-                         seed=seed, generator=generator)
-        self.noise_t, self.first_t, self.last_t = int(ts[t_enc]), run[0], run[-1]
-
-    def _alpha(self, t: int) -> np.float32:
-        return np.float32(self.ms.alphas_cumprod_f32[t])
+    def __init__(self, ms: Any, sigmas: list[float], sampler: Any, options: dict[str, Any], noise_t: int,
+                 first: float, last: float, *, seed: int, generator: Any) -> None:
+        super().__init__(ms, sigmas, sampler, options, seed=seed, generator=generator)
+        self.noise_t, self.first, self.last = noise_t, np.float32(first), np.float32(last)
 
     def add_noise(self, image: np.ndarray | None, noise: np.ndarray, index: int) -> np.ndarray:
         if index or image is None:
             return super().add_noise(image, noise, index)
-        a = self._alpha(self.noise_t)
+        a = np.float32(self.ms.alphas_cumprod_f32[self.noise_t])
         xi = a ** F32(0.5) * image + (F32(1) - a) ** F32(0.5) * noise  # A1111's latent, at noise_t
-        return (xi / self._alpha(self.first_t) ** F32(0.5)).astype(np.float32)  # read as the first step's
+        return (xi / self.first ** F32(0.5)).astype(np.float32)  # read as the first step's
 
     def run(self, model: Any, x: np.ndarray, **kwargs: Any) -> np.ndarray:
         out = super().run(model, x, **kwargs)
-        return (out * self._alpha(self.last_t) ** F32(0.5)).astype(np.float32)
+        return (out * self.last ** F32(0.5)).astype(np.float32)
+
+
+class PLMSCut(_SigmaCut):
+    """PLMS on A1111's cut: sdrt's sampler on the sigmas of ``timesteps[t_enc - 1]`` ... ``timesteps[0]``, its first
+    step a pseudo improved Euler one however few follow."""
+
+    def __init__(self, ms: Any, ts: np.ndarray, t_enc: int, sampler: Any, options: dict[str, Any], *, seed: int,
+                 generator: Any) -> None:
+        run = [int(ts[i]) for i in range(max(t_enc - 1, 0), -1, -1)]
+        ac = ms.alphas_cumprod_f32
+        super().__init__(ms, [float(ms.sigmas_f32[t]) for t in run], sampler, {**options, "pseudo_first": True},
+                         int(ts[t_enc]), float(ac[run[0]]), float(ac[run[-1]]), seed=seed, generator=generator)
+        self.first_t, self.last_t = run[0], run[-1]
+
+
+#: A1111's UniPC options' defaults (uni_pc_order, uni_pc_skip_type, uni_pc_variant, uni_pc_lower_order_final)
+UNIPC_ORDER = 3
+
+
+def unipc_sigmas(ms: Any, t_start: float, steps: int) -> tuple[list[float], float, float]:
+    """The sigmas of A1111's UniPC points (its ``NoiseScheduleVP("discrete")``: ``log alpha`` interpolated linearly
+    between ``t = (n + 1) / 1000`` and ``0.5 log alphas_cumprod[n]``; ``time_uniform``: ``steps + 1`` points from
+    ``t_start`` to ``1 / 1000``), with ``alpha_cumprod`` at the first and the last."""
+    n = len(ms.alphas_cumprod_f32)
+    grid = np.arange(1, n + 1, dtype=np.float64) / n
+    log_alpha = 0.5 * np.log(ms.alphas_cumprod_f32.astype(np.float64))
+    points = np.linspace(t_start, 1.0 / n, steps + 1)
+    la = np.interp(points, grid, log_alpha)
+    sigmas = np.sqrt(np.expm1(-2.0 * la))
+    return [float(s) for s in sigmas], float(np.exp(2 * la[0])), float(np.exp(2 * la[-1]))
+
+
+class UniPCCut(_SigmaCut):
+    """UniPC on A1111's cut: A1111 hands its own UniPC solver ``t_enc`` steps in continuous time from
+    ``timesteps[t_enc - 1] / 1000 + 1 / 1000`` down to ``1 / 1000`` (order 3, ``time_uniform``, B(h) = h, lower order at
+    the end); sdrt's UniPC (the same predictor-corrector updates, in sigma) runs on the sigmas of those points."""
+
+    def __init__(self, ms: Any, ts: np.ndarray, t_enc: int, sampler: Any, options: dict[str, Any], *, seed: int,
+                 generator: Any) -> None:
+        t_start = float(np.float32(ts[t_enc - 1]) / np.float32(1000) + np.float32(1 / 1000))  # A1111's, in float32
+        sigmas, first, last = unipc_sigmas(ms, t_start, t_enc)
+        super().__init__(ms, sigmas, sampler, options, int(ts[t_enc]), first, last, seed=seed, generator=generator)
 
 
 def loop(ms: Any, choice: Any, length: int, start: int, *, seed: int, generator: Any,
@@ -105,4 +147,18 @@ def loop(ms: Any, choice: Any, length: int, start: int, *, seed: int, generator:
         return DDIMCut(ms, ts, t_enc)
     from ..samplers import get_sampler
 
+    if choice.sampler == "uni_pc":
+        if t_enc < UNIPC_ORDER:  # A1111's solver asserts steps >= order
+            if where == "hires_denoise":  # the hires pass runs its steps less one; said as the sampler's own check
+                from ..errors import SamplerError
+
+                raise SamplerError(f"uni_pc needs at least {UNIPC_ORDER + 1} steps in the hires pass as A1111 runs it "
+                                   f"(its solver takes them less one, and refuses fewer than its order, "
+                                   f"{UNIPC_ORDER}), got {t_enc + 1}", where="sampler uni_pc",
+                                   fix=f"pass {{@hires_steps}} {UNIPC_ORDER + 1} or more, or another sampler")
+            raise InputError(f"A1111's UniPC runs this img2img as {t_enc} step{'' if t_enc == 1 else 's'} of its solver "
+                             f"(int(strength x steps)), fewer than its order ({UNIPC_ORDER}), which it refuses",
+                             where=where, fix=f"raise {{@{where}}} or {{@steps}} (0.5 of 20 steps runs 10), or use "
+                                              "another sampler (DPM++ 2M)")
+        return UniPCCut(ms, ts, t_enc, get_sampler("uni_pc"), dict(choice.options), seed=seed, generator=generator)
     return PLMSCut(ms, ts, t_enc, get_sampler("plms"), dict(choice.options), seed=seed, generator=generator)
