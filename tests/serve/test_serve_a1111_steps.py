@@ -120,3 +120,57 @@ def test_a_stretched_schedule_past_the_bound_is_a_400(server):
                                                        "denoising_strength": 0.01,
                                                        "override_settings": {"img2img_fix_steps": True}}, timeout=60)
     assert r.status_code == 400 and "denoising_strength 0.01 stretches 150 steps to a schedule of 15000" in r.text
+
+
+TIMESTEP_TABLE = json.loads((Path(__file__).resolve().parents[1] / "pipelines" / "data" /
+                             "a1111_timestep_steps.json").read_text())
+
+
+@pytest.mark.parametrize(("sampler", "steps", "strength", "fix"), [
+    ("DDIM", 10, 0.5, False), ("DDIM", 20, 0.5, True), ("PLMS", 10, 0.7, False), ("PLMS", 7, 0.75, True),
+    ("DDIM", 20, 0.05, False),  # t_enc 1: no step at all, the noised latent is the picture, as in A1111
+    ("UniPC", 10, 0.5, False), ("UniPC", 20, 0.75, True),
+])
+def test_ddim_plms_and_unipc_img2img_run_a1111s_timesteps(server, monkeypatch, sampler, steps, strength, fix):
+    """A1111's DDIM, PLMS and UniPC cut img2img their own way (sdrt.pipelines.compvis): the timesteps of the model's
+    calls against A1111's own CompVisSampler.sample_img2img (scripts/gen_a1111_timestep_refs.py)."""
+    from sdrt.pipelines import compvis
+
+    seen: list[list[int]] = []
+    for cls in (compvis.DDIMCut, compvis.PLMSCut, compvis.UniPCCut):
+        run = cls.run
+
+        def recording(self, model, x, _run=run, **kw):
+            made: list[int] = []
+            seen.append(made)
+            ms = self.ms
+
+            class Counted:
+                def predict(self, x, t, **k):
+                    made.append(int(round(t)))
+                    return model.predict(x, t, **k)
+
+                def __call__(self, x, sigma, **k):
+                    made.append(float(ms.timestep(float(sigma))))
+                    return model(x, sigma, **k)
+
+                def __getattr__(self, name):
+                    return getattr(model, name)
+
+            return _run(self, Counted(), x, **kw)
+
+        monkeypatch.setattr(cls, "run", recording)
+    body = {"override_settings": {"img2img_fix_steps": True}} if fix else {}
+    out = _img2img(server, steps=steps, denoising_strength=strength, sampler_name=sampler, **body)
+    row = next(r for r in TIMESTEP_TABLE if (r["sampler"], r["steps"], r["strength"], r["fix"], r["hires"]) ==
+               (sampler, steps, strength, fix, None))
+    assert seen and len(seen[-1]) == len(row["calls"]), (seen, row)
+    np.testing.assert_allclose(seen[-1], row["calls"], atol=0.05)
+    assert f"Sampler: {sampler}" in out["info"]
+
+
+def test_unipc_below_its_order_is_a_400(server):
+    """A1111's UniPC solver refuses fewer steps than its order (3): 0.1 of 20 steps runs 2."""
+    r = httpx.post(f"{server}/sdapi/v1/img2img", json={"prompt": "x", "init_images": [_png()], "steps": 20,
+                                                       "denoising_strength": 0.1, "sampler_name": "UniPC"}, timeout=60)
+    assert r.status_code == 400 and "fewer than its order (3)" in r.text and r.json()["field"] == "denoising_strength"

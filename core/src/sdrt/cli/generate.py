@@ -143,7 +143,7 @@ def _input_files(args: argparse.Namespace, model: str | None) -> dict[str, Any]:
     loras = [s for spec in (args.lora or []) for s in (spec, spec.rpartition(":")[0]) if s]  # FILE[:SCALE]
     names = ("init_image", "mask", "reference_images", "control_image", "control_mask", "controlnet", "weights", "vae",
              "text_encoders", "embedding", "refiner", "preview_decoder", "ip_adapter", "ip_adapter_image", "image_encoder",
-             "face_models")
+             "face_models", "hires_checkpoint")
     flags = {"reference_images": "--reference", "text_encoders": "--text-encoder"}
     files: dict[str, Any] = {"MODEL": model, "--lora": loras}
     for name in names:

@@ -149,6 +149,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     h.add_argument("--hires-prompt", default=None, metavar="TEXT", help="the second pass's prompt (the first's)")
     h.add_argument("--hires-negative-prompt", default=None, metavar="TEXT",
                    help="the second pass's negative prompt (the first's)")
+    h.add_argument("--hires-checkpoint", default=None, metavar="FILE|DIR",
+                   help="the second pass's model (A1111's \"Hires checkpoint\"): its text encoders, UNet and VAE run "
+                        "the hires pass; with a Latent upscaler it must share the first model's latents (SD 1.x/2.x, "
+                        "SDXL, ...), with an image upscaler any SD 1.x/2.x/XL model follows")
     r = p.add_argument_group("refiner (A1111's)")
     r.add_argument("--refiner", default=None, metavar="FILE|DIR",
                    help="a refiner that takes over from the model at --refiner-switch-at: the SDXL refiner "
@@ -390,7 +394,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         opts["controlnets"] = units
     _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
-                "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt", "subseed", "refiner",
+                "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt", "hires_checkpoint",
+                "subseed", "refiner",
                 "refiner_switch_at", "refiner_switch_by_steps", "hires_refiner_pass"):
         if getattr(args, key) is not None:
             opts[key] = getattr(args, key)

@@ -522,6 +522,11 @@ class ToolboxMixin:
         from .hires import crop_latent, second_pass_steps, upscale_image, upscale_latent
         from .images import to_nchw
 
+        other = getattr(self, "_hires_job", None)
+        if other is not None and other is not self:  # A1111's hr_checkpoint_name: the pass runs on another model
+            from .hiresmodel import second_pass
+
+            return second_pass(self, other, s, x, seed, subseed, on_step, offset)  # type: ignore[arg-type]
         tb: Toolbox = s.toolbox
         hr = tb.hires
         assert s.width is not None and s.height is not None
@@ -583,7 +588,13 @@ class ToolboxMixin:
         info: dict[str, object] = {}
         info.update(seed_fields(tb, index))
         if tb.hires is not None:
-            info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
+            other = getattr(self, "_hires_job", None) if tb.hires_checkpoint is not None else None
+            if other is not None:  # A1111's "Hires checkpoint": its short title, whichever model it names
+                from .hiresmodel import title
+
+                info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt, title(other)))
+            else:
+                info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
         if tb.controlnets:
             info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
         if tb.ip_adapter:  # the extension's IP-Adapter units, after the ControlNet ones

@@ -26,7 +26,8 @@ The second pass may have its own sampler and schedule (``hires_sampler``, ``hire
 The second pass runs ``hires_steps`` steps (0: the first pass's count) at the end of a schedule of
 ``int(hires_steps / min(denoise, 0.999))`` steps, as A1111's ``setup_img2img_steps`` with explicit steps
 does, from the upscaled latent noised to its first step; its noise is drawn afresh from each image's
-seed at the new size (A1111 makes a new ``ImageRNG`` for the pass).
+seed at the new size (A1111 makes a new ``ImageRNG`` for the pass). A1111's DDIM and PLMS cut that schedule their own
+way (:mod:`sdrt.pipelines.compvis`).
 """
 
 from __future__ import annotations
@@ -148,11 +149,14 @@ class Hires:
             return resolve(name, self.schedule)
         return resolve(self.sampler, self.schedule if self.schedule is not None else self.first_schedule)
 
-    def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "") -> dict[str, object]:
+    def infotext(self, first: Any = None, prompt: str = "", negative_prompt: str = "",
+                 checkpoint: str | None = None) -> dict[str, object]:
         """A1111's fields, in its order: ``first`` (the first pass's (sampler name, SamplerChoice)) for ``Hires
         sampler`` / ``Hires schedule type`` (written when they differ from the first pass's), the first pass's
         prompts for ``Hires prompt`` / ``Hires negative prompt`` (likewise)."""
         fields: dict[str, object] = {"Denoising strength": _num(self.denoise)}
+        if checkpoint is not None:  # A1111's hr_checkpoint_info.short_title, before the sampler's fields
+            fields["Hires checkpoint"] = checkpoint
         if first is not None and (self.sampler is not None or self.schedule is not None):
             from .names import sampler_labels
 

@@ -138,6 +138,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         #: refiners loaded from a path (``refiner=``), by real path; shared with the run plan's dry copies
         self._refiners: dict[str, Pipeline] = {}
         self._refiner_job: Pipeline | None = None  # this job's refiner (sdrt.pipelines.refiner.resolve)
+        #: the hires fix's second checkpoints loaded from a path (``hires_checkpoint=``; one at a time), by real path
+        self._hires_models: dict[str, Pipeline] = {}
         self._dry = False
         self._lock = threading.Lock()  # one job at a time
         self._owner: int | None = None  # the thread that holds _lock (a step callback runs on it)
@@ -198,6 +200,9 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         for ref in self._refiners.values():  # a refiner this pipeline loaded from a path
             ref.close()
         self._refiners.clear()
+        for other in self.__dict__.get("_hires_models", {}).values():  # a hires checkpoint it loaded from a path
+            other.close()
+        self.__dict__.get("_hires_models", {}).clear()
 
     def __enter__(self) -> Pipeline:
         return self
@@ -491,6 +496,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         # diffusers' own scheduler arithmetic for the DDPM-trained families; k-diffusion's form otherwise
         kind = _DIFFUSERS_FORM.get((s.choice.sampler, s.choice.schedule)) if isinstance(ms, FolderSchedule) else None
         steps = s.steps  # the schedule's length: img2img under A1111's fixed steps stretches it
+        hires_pass = start is not None
         if start is not None:  # the hires pass: A1111's steps rule (sdrt.pipelines.hires)
             pass
         elif s.strength is None:
@@ -514,6 +520,13 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             return FlowLoop(ts, sigmas, self.family.timestep_scale)
         if start is None:  # a flow model on another sampler: diffusers' rule as the other families
             start = max(s.steps - min(int(s.steps * s.strength), s.steps), 0)
+        if (hires_pass or (s.strength is not None and s.strength_rule != "diffusers")) and isinstance(ms, FolderSchedule):
+            from . import compvis  # A1111's DDIM and PLMS cut img2img their own way
+
+            cut = compvis.loop(ms, s.choice, steps, start, seed=seed, generator=generator,
+                               where="hires_denoise" if hires_pass else "strength")
+            if cut is not None:
+                return cut
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
             plan = ms.euler_plan(steps, karras=kind.endswith("karras"), ancestral=kind.startswith("euler_a")).tail(start)
             return EulerLoop(ms, plan, ancestral=kind.startswith("euler_a"), generator=generator)
@@ -619,6 +632,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 raise InputError("settings and keyword arguments were both given", where=", ".join(kwargs),
                                  fix="pass either validate(...)'s Settings or the keyword arguments")
             prompt, negative_prompt = given.prompt, given.negative_prompt
+        raw = (prompt, negative_prompt)  # with their <lora:...> tags, for a hires checkpoint (hiresmodel.resolve)
         if self._dry:
             from ..text import extract_loras  # the plan names no LoRA file, and reads none
 
@@ -683,6 +697,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from .refiner import resolve
 
             self._refiner_job = resolve(self, s, load)
+        self._hires_job = None  # the hires fix's second model (sdrt.pipelines.hiresmodel), None: this one
+        if getattr(s.toolbox, "hires_checkpoint", None) is not None:  # loaded and checked before anything runs
+            from . import hiresmodel
+
+            self._hires_job = hiresmodel.resolve(self, s, load, raw)
         return s, init, mask
 
     def latent_upscale_blocked(self, width: int, height: int) -> str | None:
@@ -1107,7 +1126,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                           callback: Callback | None, original: str) -> Generation:
         cond, uncond = self._conditioning(s)
         #: the hires fix's own prompts, encoded with the first pass's (A1111's hr_c / hr_uc); None: the first pass's
-        self._hires_conds = self._hires_conditioning(s)
+        other = getattr(self, "_hires_job", None)  # a hires checkpoint encodes them with its own text encoders
+        self._hires_conds = self._hires_conditioning(s) if other is None or other is self else None
         self._release(*self.family.text_parts, stage=True)
         cond, uncond = self._ip_conditioning(s, cond, uncond)  # an IP-Adapter's image tokens ride with the text
         from .reference import encode
@@ -1147,6 +1167,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         paste = getattr(self, "_paste", None)  # the job's, gone when make() is called after it
         run = getattr(self, "_refiner_run", None)
         decoder = run.vae if run is not None else self  # the model loaded last decodes (refiner.Run.vae)
+        decoder = getattr(self, "_hires_decoder", None) or decoder  # a hires checkpoint's pass (hiresmodel)
 
         def make() -> Generation:
             got, got_seeds = list(done_images), list(done_seeds)
@@ -1174,6 +1195,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
         assert s.width is not None and s.height is not None
         self._current = self._denoised = None  # nothing of an earlier job's run is shown or given back
+        self._hires_decoder = None  # a hires checkpoint's pipeline once its pass runs (sdrt.pipelines.hiresmodel)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
         ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -1305,6 +1327,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         # the model loaded last decodes, as in A1111 (a refiner whose switch never came, switch_at past the last
         # step, was never loaded there), with the VAE file chosen for the run (refiner.Run.vae)
         decoder = refiner.vae if refiner is not None else self
+        if self._hires_decoder is not None:  # the hires checkpoint ran last: its VAE decodes, as A1111's
+            decoder = self._hires_decoder
         images = self._pasted(self._inpaint_blend(s, decoder._decode(x)))  # inpaint_only's blend (inpaintcn)
         decoder._release("vae_decoder", stage=True)
         return images

@@ -22,6 +22,8 @@ if TYPE_CHECKING:  # pragma: no cover
 Signature = tuple[tuple[str, tuple[int, ...], str], ...]  # (input, shape, dtype) for every input of one call
 #: a refiner's parts in a run plan: ``refiner.unet``, ``refiner.vae_decoder`` ...
 REFINER_PREFIX = "refiner."
+#: a hires checkpoint's parts in a run plan: ``hires.unet`` ...
+HIRES_PREFIX = "hires."
 
 
 @dataclass
@@ -139,13 +141,16 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     twin = dry.__dict__.get("_refiner_dry")
     every = [(name, part, pipe.family) for name, part in dry._parts.items()]
     every += [(f"{REFINER_PREFIX}{name}", part, twin.family) for name, part in twin._parts.items()] if twin else []
+    hires = dry.__dict__.get("_hires_dry") if dry.__dict__.get("_hires_job") is not None else None
+    # a hires checkpoint's parts (sdrt.pipelines.hiresmodel), named "hires.<part>"
+    every += [(f"{HIRES_PREFIX}{name}", part, hires.family) for name, part in hires._parts.items()] if hires else []
     for name, part, family in sorted(every, key=lambda e: getattr(e[1], "first_use", 1 << 62)):
         if not part.record:
             continue
         counts = Counter(tuple((k, shape, dtype) for k, (shape, dtype) in sorted(feeds.items()))
                          for feeds, _ in part.record)
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
-        own = name.removeprefix(REFINER_PREFIX) if family is not pipe.family else name
+        own = name.removeprefix(REFINER_PREFIX).removeprefix(HIRES_PREFIX) if family is not pipe.family else name
         role = family.parts.get(own) or ("controlnet" if name.startswith("controlnet") else
                                          "image_encoder" if name.startswith("image_encoder") else "?")  # an IP-Adapter's
         parts.append(PartPlan(name, role, str(part.path), len(part.record),
@@ -332,6 +337,13 @@ def _notes(s: Any) -> list[str]:
             ", cropped" if any(hr.crop(s.width, s.height)) else "")
         notes.append(f"hires fix: pass 1 at {s.width}x{s.height}, {hr.upscaler} upscale {how}, pass 2 at "
                      f"{tw}x{th}: the last {run} of {length} step(s) (denoise {hr.denoise:g})")
+        other = getattr(tb, "hires_checkpoint", None)
+        if other is not None:
+            import os
+
+            name = os.fspath(other) if isinstance(other, (str, os.PathLike)) else other.folder.name
+            notes.append(f"hires checkpoint: pass 2 runs {name} (its text encoders, UNet and VAE); its parts are the "
+                         "hires.* below")
     if getattr(tb, "refiner", None) is not None:
         import os
 

@@ -383,6 +383,7 @@ _OTHER_NAMES = {
     "hr_second_pass_steps": "hires_steps", "hr_upscaler": "hires_upscaler", "hr_resize_x": "hires_width",
     "hr_resize_y": "hires_height", "hr_sampler_name": "hires_sampler", "hr_scheduler": "hires_schedule",
     "hr_prompt": "hires_prompt", "hr_negative_prompt": "hires_negative_prompt",
+    "hr_checkpoint_name": "hires_checkpoint (a model path or a loaded pipeline)",
     "controlnet": "controlnets", "cfg_rescale": "guidance_rescale",
     "image_guidance_scale": "image_cfg", "image_cfg_scale": "image_cfg",
     "ip_adapter_image": "ip_adapter=IPAdapter(file, image=...)", "ip_adapter_scale": "ip_adapter=IPAdapter(file, scale=...)",

@@ -30,7 +30,7 @@ KEYWORDS = ("controlnets", "guess_mode", "hires_scale", "hires_steps", "hires_de
             "hires_width", "hires_height", "hires_sampler", "hires_schedule", "hires_prompt", "hires_negative_prompt",
             "rng",
             "subseed", "subseed_strength", "preview", "preview_size", "refiner", "refiner_switch_at",
-            "refiner_switch_by_steps", "hires_refiner_pass", "ip_adapter")
+            "refiner_switch_by_steps", "hires_refiner_pass", "ip_adapter", "hires_checkpoint")
 
 
 @dataclass
@@ -52,6 +52,8 @@ class Toolbox:
     hires_refiner_pass: str = "second pass"
     #: the IP-Adapters (image prompts; sdrt.pipelines.ipadapter.IPAdapter), checked, their files opened per job
     ip_adapter: list[Any] = field(default_factory=list)
+    #: the hires fix's second pass on another model (a path or a Pipeline; sdrt.pipelines.hiresmodel)
+    hires_checkpoint: Any = None
 
     @property
     def per_image(self) -> bool:
@@ -137,6 +139,11 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         raise InputError("{@preview_size} bounds a TAESD decoder's previews, and none is given", where="preview_size",
                          fix=fix)
     _refiner(kwargs, tb)
+    from . import hiresmodel
+
+    tb.hires_checkpoint = hiresmodel.check_spec(kwargs.get("hires_checkpoint"))
+    if tb.hires_checkpoint is not None:
+        hiresmodel.check_toolbox(tb)
     return rest, tb
 
 

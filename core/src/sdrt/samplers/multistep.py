@@ -39,14 +39,15 @@ def ipndm(model: Any, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, An
 
 
 def plms(model: Any, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, Any] | None = None,
-         callback: Callback | None = None) -> np.ndarray:
+         callback: Callback | None = None, pseudo_first: bool = False) -> np.ndarray:
     """Pseudo linear multistep (PLMS), Liu et al. 2022 "Pseudo Numerical Methods for Diffusion Models": a
     pseudo improved Euler first step (the noise prediction averaged with one at the step's end, one more
     model call), then Adams-Bashforth of order 2, 3 and 4 on the noise predictions, each applied with the
     DDIM transfer, which is an Euler step in sigma. CompVis' and A1111's PLMS; diffusers' PNDMScheduler with
     ``skip_prk_steps=True`` (SD 1.x's default scheduler). ``len(sigmas) - 1`` steps take one model call more.
     Every step, the last to sigma 0 too, applies the combined prediction (iPNDM lands on the denoised estimate
-    there instead)."""
+    there instead). ``pseudo_first``: the first step is the pseudo improved Euler one even when it is the only one
+    (CompVis' and A1111's loop, which ends above sigma 0: sdrt.pipelines.compvis)."""
     x, s, kw, _ = prepare(x, sigmas, extra_args, "sampler plms")
     history: list[np.ndarray] = []
     for i in range(len(s) - 1):
@@ -57,7 +58,7 @@ def plms(model: Any, x: np.ndarray, sigmas: Any, *, extra_args: Mapping[str, Any
         if history:
             order = min(len(history) + 1, 4)
             combined = sum(c * g for c, g in zip(_IPNDM[order], [d] + history[::-1][: order - 1]))
-        elif len(s) > 2 and s[i + 1] > 0:  # the first of two or more steps: pseudo improved Euler
+        elif (len(s) > 2 or pseudo_first) and s[i + 1] > 0:  # the first of two or more steps: pseudo improved Euler
             ahead = x + dt * d
             combined = (d + (ahead - model(ahead, s[i + 1], **kw)) / s[i + 1]) / 2
         else:

@@ -236,6 +236,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         if _set(overrides, "hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
     by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
     refiner = _refiner(body, kwargs, registry, model, not_honoured, passes, by_steps)
+    hires_model = _hires_checkpoint(body, kwargs, registry, model, not_honoured) if mode == "txt2img" else None
     # A1111's apply_refiner writes it at every denoiser call while the option is on, with a refiner or without
     # (sd_samplers_common.py); the pipeline writes it with its refiner, the worker without one
     if by_steps and refiner is None:
@@ -266,6 +267,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         raise from_pipeline(exc, net_names) from None
     if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
         kwargs["refiner"] = refiner
+    if hires_model is not None:  # likewise (jobs.Worker._run): the pipeline the worker holds for that model
+        kwargs["hires_checkpoint"] = hires_model
     _eta(body, sampler, scheduler, not_honoured)
     params = {k: v for k, v in body.items() if k in _KNOWN}
     if mode == "img2img" and not get_bool(body, "include_init_images", False):
@@ -356,8 +359,27 @@ def _hires(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_hon
         text = get_str(body, field, None, max_len=limits.max_prompt_chars)
         if text:  # A1111's "": the first pass's
             kwargs[key] = text
-    if get_str(body, "hr_checkpoint_name", None) not in (None, "", "Use same checkpoint"):
-        not_honoured.append("hr_checkpoint_name: the second pass uses the first pass's")
+
+
+def _hires_checkpoint(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,
+                      not_honoured: list[str]) -> ModelEntry | None:
+    """A1111's ``hr_checkpoint_name`` (the UI's "Hires checkpoint"): a model of this server, matched as
+    ``sd_model_checkpoint`` is (title, name with or without its hash), that runs the hires pass
+    (sdrt.pipelines.hiresmodel); "Use same checkpoint", "" and null: the first pass's model. Without the hires fix
+    A1111 reads it not at all."""
+    name = get_str(body, "hr_checkpoint_name", None, max_len=500)
+    if name is None or name.strip() in ("", "Use same checkpoint") or \
+            not any(k in kwargs for k in ("hires_scale", "hires_width", "hires_height")):
+        return None
+    entry = registry.model(name, "hr_checkpoint_name")
+    if entry.needs:
+        raise ApiError(400, f"hr_checkpoint_name {entry.name!r} lacks its {entry.needs} (a part-only file): pass a "
+                            "model that runs on its own", field="hr_checkpoint_name")
+    kwargs["hires_checkpoint"] = entry.path  # checked as a path by validate; the worker runs its pipeline
+    if entry.key != model.key and (model.vae is not None or model.text_encoders):
+        not_honoured.append(f"{model.module_field or 'sd_vae'}: the VAE / text encoders chosen apply to the first pass's "
+                            f"model; the hires checkpoint {entry.name} runs its own")
+    return entry
 
 
 def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, model: ModelEntry,

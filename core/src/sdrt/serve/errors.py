@@ -27,7 +27,7 @@ _FIELDS = {"strength": "denoising_strength", "cfg": "cfg_scale", "batch": "batch
            "hires_denoise": "denoising_strength", "hires_width": "hr_resize_x", "hires_height": "hr_resize_y",
            "hires_sampler": "hr_sampler_name", "hires_schedule": "hr_scheduler", "hires_prompt": "hr_prompt",
            "hires_negative_prompt": "hr_negative_prompt",
-           "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint",
+           "hires_upscaler": "hr_upscaler", "refiner": "refiner_checkpoint", "hires_checkpoint": "hr_checkpoint_name",
            "hires_refiner_pass": "override_settings.hires_fix_refiner_pass", "mask": "mask",
            "init_upscaler": "upscaler_for_img2img", "inpaint_area": "inpaint_full_res",
            "inpaint_padding": "inpaint_full_res_padding", "masked_content": "inpainting_fill",

@@ -605,6 +605,11 @@ class Worker(threading.Thread):
             if isinstance(kwargs.get("refiner"), ModelEntry):  # refiner_checkpoint: one of this worker's pipelines,
                 # shared by every model it refines and counted in keep (a path would load one per base pipeline)
                 kwargs["refiner"] = self.pipeline(kwargs["refiner"], pinned=(w.model.key,))
+            if isinstance(kwargs.get("hires_checkpoint"), ModelEntry):  # hr_checkpoint_name: likewise, kept beside the
+                # first model's pipeline (its parts go before the second's load when the memory is tight: hiresmodel)
+                entry = kwargs["hires_checkpoint"]
+                kwargs["hires_checkpoint"] = pipe if entry.key == w.model.key else \
+                    self.pipeline(entry, pinned=(w.model.key,))
             if w.max_size is not None and not (kwargs.get("width") and kwargs.get("height")):
                 _check_own_size(w, kwargs, pipe.default_size)
             if w.distilled_cfg is not None:

@@ -1,0 +1,219 @@
+"""The hires fix's own checkpoint (``hires_checkpoint``, A1111's ``hr_checkpoint_name``) against diffusers.
+
+tiny-sd15-dyn runs the first pass and tiny-sd15-dyn-b (the same architecture, every part drawn from other seeds) the
+second: its text encoder encodes the (hires) prompts, its VAE encodes the upscaled picture and decodes the result.
+The references are diffusers' ``StableDiffusionPipeline`` on A then ``StableDiffusionImg2ImgPipeline`` on B
+(scripts/gen_hires_checkpoint_refs.py). Tolerance: test_pipelines_diffusers.py's (max 1 of 255, at most 0.5 % of
+values off).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, assert_matches_diffusers, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+
+A, B = DATA / "tiny-sd15-dyn", DATA / "tiny-sd15-dyn-b"
+_PIPES: dict[tuple[str, str], pipelines.Pipeline] = {}
+
+
+def _pipe(folder, backend: str) -> pipelines.Pipeline:
+    if (folder.name, backend) not in _PIPES:
+        register(backend)
+        _PIPES[folder.name, backend] = pipelines.load(folder, backend=backend)
+    return _PIPES[folder.name, backend]
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _close_pipes():
+    yield
+    for p in _PIPES.values():
+        p.close()
+    _PIPES.clear()
+
+
+def _cases() -> list[dict]:
+    return json.loads((B / "hires_refs.json").read_text())
+
+
+def _kwargs(case: dict) -> dict:
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"], hires_scale=case["hires_scale"], hires_steps=case["hires_steps"],
+              hires_denoise=case["hires_denoise"], hires_upscaler=case["upscaler"])
+    for key in ("hires_prompt", "hires_negative_prompt"):
+        if case[key]:
+            kw[key] = case[key]
+    return kw
+
+
+def _params():
+    for case in _cases():
+        for backend in ("reference", "openvino", "ggml"):
+            if backend == "reference" and case["name"] != "Lanczos/Euler":
+                continue
+            yield pytest.param(case["name"], backend, id=f"{case['name']}:{backend}")
+
+
+@pytest.mark.parametrize(("name", "backend"), list(_params()))
+def test_hires_checkpoint_matches_diffusers(name: str, backend: str) -> None:
+    case = next(c for c in _cases() if c["name"] == name)
+    first = _pipe(A, backend)
+    gen = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+    want = np.load(B / "hires_refs.npz")[name]
+    assert_matches_diffusers(gen.images, want)
+    info = gen.settings[0]
+    hr = first._hires_job
+    assert hr is not None and hr is not first and hr.folder.name == "tiny-sd15-dyn-b"
+    assert info["Hires checkpoint"] == f"tiny-sd15-dyn-b [{hr.model_hash}]"
+    assert info["Model"] == "tiny-sd15-dyn"  # the first pass's model, as A1111 writes it
+    keys = list(info)  # A1111's order: right after the denoising strength, before the other hires fields
+    assert keys.index("Hires checkpoint") == keys.index("Denoising strength") + 1
+
+
+def test_a_loaded_pipeline_and_the_same_checkpoint() -> None:
+    """A loaded pipeline runs as the path does; the first model's own path runs one model (A1111 reloads nothing),
+    and the infotext still names it; "Use same checkpoint" is none."""
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    first, second = _pipe(A, "openvino"), _pipe(B, "openvino")
+    got = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+    assert_matches_diffusers(got.images, np.load(B / "hires_refs.npz")[case["name"]])
+    plain = first.generate(case["prompt"], case["negative_prompt"], **_kwargs(case))
+    same = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=A, **_kwargs(case))
+    assert np.array_equal(same.images[0], plain.images[0])
+    assert same.settings[0]["Hires checkpoint"] == f"tiny-sd15-dyn [{first.model_hash}]"
+    assert "Hires checkpoint" not in plain.settings[0]
+    unset = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint="Use same checkpoint",
+                           **_kwargs(case))
+    assert np.array_equal(unset.images[0], plain.images[0]) and "Hires checkpoint" not in unset.settings[0]
+
+
+def test_the_plan_names_the_second_models_parts() -> None:
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    plan = _pipe(A, "openvino").plan(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+    names = [p.part for p in plan.parts]
+    assert names[:2] == ["text_encoder", "unet"] and "hires.unet" in names and "hires.text_encoder" in names
+    shapes = {tuple(dict((k, s) for k, s, _ in sig)["sample"]) for sig, _ in plan.part("hires.unet").signatures}
+    assert shapes == {(2, 4, 16, 16)}
+    assert {tuple(dict((k, s) for k, s, _ in sig)["sample"]) for sig, _ in plan.part("unet").signatures} == \
+        {(2, 4, 8, 8)}
+    assert any(n.startswith("hires checkpoint: pass 2 runs") for n in plan.notes)
+
+
+def test_low_memory_releases_the_first_model_before_the_second_runs() -> None:
+    """Low memory: the first model's parts are closed before the second's run (A1111 unloads one to load the other);
+    the picture is the same."""
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino", low_memory=True) as first:
+        seen: list[int] = []
+
+        def callback(step: int, total: int, latents: np.ndarray) -> None:
+            if step > case["steps"]:  # the hires pass: the first model holds no session
+                seen.append(sum(len(p.sessions) for p in first._parts.values()))
+
+        gen = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, callback=callback,
+                             **_kwargs(case))
+        assert seen and set(seen) == {0}
+        assert first._hires_job.low_memory is True  # the second model follows the first's mode
+        assert_matches_diffusers(gen.images, np.load(B / "hires_refs.npz")[case["name"]])
+
+
+@pytest.mark.parametrize(("extra", "words"), [
+    ({"hires_checkpoint": B}, "hires_checkpoint needs hires_scale"),
+    ({"hires_scale": 2, "hires_checkpoint": DATA / "nope.safetensors"}, "hires checkpoint .*nope.safetensors.* does "
+                                                                        "not exist"),
+    ({"hires_scale": 2, "hires_checkpoint": 3}, "hires_checkpoint must be a model path or a pipeline"),
+    ({"hires_scale": 2, "hires_checkpoint": B, "refiner": B}, "hires_checkpoint and refiner both"),
+])
+def test_bad_arguments_are_one_line_naming_hires_checkpoint(extra, words) -> None:
+    with pytest.raises(InputError, match=words) as exc:
+        pipelines.validate("a cat", **extra)
+    assert "\n" not in str(exc.value)
+
+
+def test_a_missing_checkpoint_lists_those_beside_it() -> None:
+    with pytest.raises(InputError, match=r"does not exist.*pipelines has: .*tiny-sd15-dyn-b/, ") as exc:
+        pipelines.validate("a cat", hires_scale=2, hires_checkpoint=DATA / "tiny-sd15-dyn-c")
+    assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
+
+
+def test_a_second_model_of_another_latent_space_is_refused() -> None:
+    """SDXL's latents are not SD 1.x's: with a latent upscaler the second pass would read the wrong latents (A1111
+    does not check); with an image upscaler its VAE encodes the picture again, so it runs."""
+    first = _pipe(A, "openvino")
+    kw = dict(steps=2, sampler="Euler", seed=1, width=64, height=64, hires_scale=2, hires_steps=1)
+    with pytest.raises(InputError, match=r"hires checkpoint \(tiny-sdxl-dyn\) is SDXL and this model SD 1.x.*"
+                                         "SDXL latents are not SD 1.x/2.x latents") as exc:
+        first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", **kw)
+    assert exc.value.where == "hires_checkpoint"
+    gen = first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", **kw)
+    assert gen.images[0].shape == (128, 128, 3)
+    assert gen.settings[0]["Hires checkpoint"].startswith("tiny-sdxl-dyn [")
+    for folder, words in (("tiny-sd15-inpaint", "is an inpainting model"),
+                          ("tiny-sd2v", r"makes 64x64 images only .* the second pass is 128x128")):
+        with pytest.raises(InputError, match=words):
+            first.generate("a cat", hires_checkpoint=DATA / folder, hires_upscaler="Lanczos", **kw)
+
+
+def test_a_flux_second_pass_after_sd15_is_refused() -> None:
+    first = _pipe(A, "openvino")
+    with pytest.raises(InputError, match=r"hires checkpoint \(tiny-flux-schnell\) is .*a flow model's second pass"
+                                         "|hires checkpoint \\(tiny-flux-schnell\\) is .*latents differ") as exc:
+        first.generate("a cat", steps=2, seed=1, width=64, height=64, hires_scale=2,
+                       hires_checkpoint=DATA / "tiny-flux-schnell")
+    assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
+
+
+def test_cli_hires_checkpoint(tmp_path, capsys) -> None:
+    """``sdrt generate --hires-checkpoint``: the picture is the API's, the PNG says ``Hires checkpoint`` and A1111's
+    /png-info reading gives it back; a missing file or a model of other latents is one line naming the flag."""
+    from sdrt.cli import main
+    from sdrt.pipelines.png import read_parameters
+    from sdrt.serve.responses import parse_infotext
+
+    register("openvino")
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    out = tmp_path / "x.png"
+    assert main(["generate", str(A), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+                 str(case["steps"]), "--cfg", "7", "--sampler", "Euler", "--seed", str(case["seed"]), "--width", "64",
+                 "--height", "64", "--hires-scale", "2", "--hires-steps", "4", "--hires-denoise", "0.5",
+                 "--hires-upscaler", "Lanczos", "--hires-checkpoint", str(B), "--backend", "openvino",
+                 "-o", str(out)]) == 0
+    from PIL import Image
+
+    assert_matches_diffusers([np.asarray(Image.open(out).convert("RGB"))], np.load(B / "hires_refs.npz")[case["name"]])
+    back = parse_infotext(read_parameters(out))
+    assert back["Hires checkpoint"].startswith("tiny-sd15-dyn-b [") and back["Model"] == "tiny-sd15-dyn"
+    capsys.readouterr()
+    for extra, said in ((["--hires-checkpoint", str(tmp_path / "none.safetensors")], "does not exist"),
+                        (["--hires-checkpoint", str(DATA / "tiny-sdxl-dyn")], "SDXL latents are not SD 1.x/2.x")):
+        rc = main(["generate", str(A), "a cat", "--steps", "2", "--width", "64", "--height", "64", "--hires-scale", "2",
+                   "--backend", "openvino", "-o", str(tmp_path / "y.png"), *extra])
+        err = capsys.readouterr().err
+        assert rc != 0 and said in err and "--hires-checkpoint" in err and "Traceback" not in err, err
+        assert len(err.strip().splitlines()) <= 2, err
+
+
+def test_a_prompt_lora_applies_to_the_second_model_too() -> None:
+    """A1111 activates the hires prompt's extra networks on the reloaded checkpoint: a <lora:...> tag changes the
+    second model's pass as well (found in the first model's LoRA folder), and the next run without it un-applies it."""
+    lora_dir = DATA.parent / "ckpt" / "pipe-sd15"
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino") as first, pipelines.load(B, backend="openvino") as second:
+        plain = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        first.weights.lora_dir = lora_dir
+        tagged = first.generate(case["prompt"] + " <lora:tinylora:0.7>", case["negative_prompt"],
+                                hires_checkpoint=second, **_kwargs(case))
+        assert [a.name for a in second.weights.loras] == ["tinylora"]
+        alone = first.generate(case["prompt"] + " <lora:tinylora:0.7>", case["negative_prompt"], **_kwargs(case))
+        # the first pass is the same in both: the second model's LoRA is what differs from the untagged picture
+        assert not np.array_equal(tagged.images[0], plain.images[0])
+        assert not np.array_equal(tagged.images[0], alone.images[0])
+        again = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert not second.weights.loras and np.array_equal(again.images[0], plain.images[0])
