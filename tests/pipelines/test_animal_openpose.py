@@ -204,3 +204,27 @@ def test_the_plan_counts_the_animal_pose(refs, models):
     placed = plan.placement("preprocessor:animal_openpose")
     want = models["det"].stat().st_size + models["pose"].stat().st_size
     assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == want
+
+
+def test_a_cut_short_pose_model_names_its_own_source(models, tmp_path):
+    """A truncated AP10K file is one line naming it and where it comes from (the extension's
+    bdsqlsz/qinglong_controlnet-lllite, or ComfyUI's hr16/UnJIT-DWPose), not DWPose's yzd-v/DWPose."""
+    register("openvino")
+    cut = tmp_path / animalpose.ANIMAL_FILE
+    cut.write_bytes(models["pose"].read_bytes()[:3000])
+    with pytest.raises(ModelError) as e:
+        animalpose.AnimalPose(models["det"], cut, backend="openvino")
+    msg = str(e.value)
+    assert "\n" not in msg and str(cut) in msg and "qinglong_controlnet-lllite" in msg and "yzd-v" not in msg, msg
+    cut_det = tmp_path / "yolox_l.onnx"  # the detector's is DWPose's
+    cut_det.write_bytes(models["det"].read_bytes()[:3000])
+    with pytest.raises(ModelError, match=r"download DWPose's yolox_l.onnx again \(yzd-v/DWPose\)"):
+        animalpose.AnimalPose(cut_det, models["pose"], backend="openvino")
+
+
+def test_two_files_given_in_either_order_under_comfyuis_name(tmp_path):
+    """The two files given by path are taken by their names, ComfyUI's rtmpose-m_ap10k_256.onnx among them, in
+    whichever order they come."""
+    det, pose = animal_graphs.write(tmp_path, pose_name=animalpose.COMFY_FILE)
+    assert preprocessors.model_files("animal_openpose", [pose, det], "models") == (det, pose)
+    assert preprocessors.model_files("animal_openpose", [det, pose], "models") == (det, pose)
