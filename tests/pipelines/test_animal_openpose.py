@@ -228,3 +228,14 @@ def test_two_files_given_in_either_order_under_comfyuis_name(tmp_path):
     det, pose = animal_graphs.write(tmp_path, pose_name=animalpose.COMFY_FILE)
     assert preprocessors.model_files("animal_openpose", [pose, det], "models") == (det, pose)
     assert preprocessors.model_files("animal_openpose", [det, pose], "models") == (det, pose)
+
+
+def test_the_missing_file_alone_is_named(tmp_path):
+    """DWPose's users hold yolox_l.onnx already: a folder with it but no AP10K model names the AP10K file (and
+    ComfyUI's name for it) as missing, not the detector beside it."""
+    det, _ = dwpose_graphs.write(tmp_path / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "openpose")
+    with pytest.raises(InputError) as e:
+        preprocessors.model_files("animal_openpose", tmp_path, "--control-preprocessor-models")
+    msg = str(e.value)
+    assert "\n" not in msg and "--control-preprocessor-models" in msg, msg
+    assert f"no {animalpose.ANIMAL_FILE} (or {animalpose.COMFY_FILE}) in" in msg and "no yolox_l.onnx" not in msg, msg

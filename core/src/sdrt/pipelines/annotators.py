@@ -169,7 +169,8 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
                 for first, other in zip(files.names, files.apart)]
         if all(h is not None for h in hits):
             return tuple(hits)
-        return _missing(name, base, looked, where, source)
+        gone = [n + (f" (or {', '.join(o)})" if o else "") for n, o, h in zip(files.names, files.apart, hits) if h is None]
+        return _missing(name, base, looked, where, source, gone if len(gone) < len(files.names) else None)
     for folder in looked:
         if all((folder / n).is_file() for n in files.names):
             return tuple(folder / n for n in files.names)
@@ -179,10 +180,12 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
     return _missing(name, base, looked, where, source)
 
 
-def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: str) -> tuple[Path, ...]:
+def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: str,
+             gone: Sequence[str] | None = None) -> tuple[Path, ...]:
+    """``gone``: the files not found where the others were (``Files.apart``); None: all of them."""
     files = ANNOTATORS[name]
-    it = "them" if len(files.names) > 1 else "it"
-    raise InputError(f"{where}: no {' and '.join(files.names)} in {base} (looked in "
+    it = "them" if len(files.names) > 1 and gone is None else "it"
+    raise InputError(f"{where}: no {' and '.join(gone or files.names)} in {base} (looked in "
                      f"{', '.join(str(p) for p in looked[:4])} and {len(looked) - 4} more)", where=where,
                      fix=f"download {it} ({source}) into one of those folders, or pass the file"
                          + ("s" if len(files.names) > 1 else ""))
