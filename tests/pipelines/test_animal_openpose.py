@@ -204,3 +204,38 @@ def test_the_plan_counts_the_animal_pose(refs, models):
     placed = plan.placement("preprocessor:animal_openpose")
     want = models["det"].stat().st_size + models["pose"].stat().st_size
     assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == want
+
+
+def test_a_cut_short_pose_model_names_its_own_source(models, tmp_path):
+    """A truncated AP10K file is one line naming it and where it comes from (the extension's
+    bdsqlsz/qinglong_controlnet-lllite, or ComfyUI's hr16/UnJIT-DWPose), not DWPose's yzd-v/DWPose."""
+    register("openvino")
+    cut = tmp_path / animalpose.ANIMAL_FILE
+    cut.write_bytes(models["pose"].read_bytes()[:3000])
+    with pytest.raises(ModelError) as e:
+        animalpose.AnimalPose(models["det"], cut, backend="openvino")
+    msg = str(e.value)
+    assert "\n" not in msg and str(cut) in msg and "qinglong_controlnet-lllite" in msg and "yzd-v" not in msg, msg
+    cut_det = tmp_path / "yolox_l.onnx"  # the detector's is DWPose's
+    cut_det.write_bytes(models["det"].read_bytes()[:3000])
+    with pytest.raises(ModelError, match=r"download DWPose's yolox_l.onnx again \(yzd-v/DWPose\)"):
+        animalpose.AnimalPose(cut_det, models["pose"], backend="openvino")
+
+
+def test_two_files_given_in_either_order_under_comfyuis_name(tmp_path):
+    """The two files given by path are taken by their names, ComfyUI's rtmpose-m_ap10k_256.onnx among them, in
+    whichever order they come."""
+    det, pose = animal_graphs.write(tmp_path, pose_name=animalpose.COMFY_FILE)
+    assert preprocessors.model_files("animal_openpose", [pose, det], "models") == (det, pose)
+    assert preprocessors.model_files("animal_openpose", [det, pose], "models") == (det, pose)
+
+
+def test_the_missing_file_alone_is_named(tmp_path):
+    """DWPose's users hold yolox_l.onnx already: a folder with it but no AP10K model names the AP10K file (and
+    ComfyUI's name for it) as missing, not the detector beside it."""
+    det, _ = dwpose_graphs.write(tmp_path / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "openpose")
+    with pytest.raises(InputError) as e:
+        preprocessors.model_files("animal_openpose", tmp_path, "--control-preprocessor-models")
+    msg = str(e.value)
+    assert "\n" not in msg and "--control-preprocessor-models" in msg, msg
+    assert f"no {animalpose.ANIMAL_FILE} (or {animalpose.COMFY_FILE}) in" in msg and "no yolox_l.onnx" not in msg, msg

@@ -46,6 +46,11 @@ COLORS = ((255, 255, 255), (100, 255, 100), (150, 255, 255), (100, 50, 255), (50
           (255, 255, 100), (0, 150, 0), (255, 255, 0), (150, 150, 150))
 
 
+#: what to download for the pose model (a missing, cut-short or other file)
+_FIX = (f"download {ANIMAL_FILE} (bdsqlsz/qinglong_controlnet-lllite, Annotators; or ComfyUI's {COMFY_FILE}, "
+        "hr16/UnJIT-DWPose)")
+
+
 class AnimalPose:
     """The detector and the AP10K pose graph compiled on one backend; ``ap(rgb)`` -> ``(n, 17, 3)`` x, y (pixels
     of ``rgb``) and score (0..1) per animal, ``n`` 0 when none is found."""
@@ -58,7 +63,7 @@ class AnimalPose:
         fp32 = fp32_options(backend, device)  # as the extension runs them (keypoints move at bf16)
         self.det = load(str(det), backend=backend, device=device, shapes=pd._static(det, pd.DET_FILE), **fp32)
         try:
-            self.pose = load(str(pose), backend=backend, device=device, shapes=pd._static(pose, ANIMAL_FILE), **fp32)
+            self.pose = load(str(pose), backend=backend, device=device, shapes=pd._static(pose, ANIMAL_FILE, _FIX), **fp32)
         except BaseException:
             self.det.close()
             raise
@@ -81,8 +86,7 @@ class AnimalPose:
                 or any(len(o) != 3 or o[1] != KEYPOINTS or o[2] != 2 * s for o, s in zip(outs, POSE_SIZE))):
             raise ModelError(f"{self.files[1]} is not the AP10K animal pose model (input {ins}, outputs {outs}; want "
                              f"a 256x256 input and SimCC outputs (1, {KEYPOINTS}, 512) twice)", where=str(self.files[1]),
-                             fix=f"pass {ANIMAL_FILE} (bdsqlsz/qinglong_controlnet-lllite, Annotators; or ComfyUI's "
-                                 f"{COMFY_FILE}, hr16/UnJIT-DWPose)")
+                             fix=_FIX)
 
     def close(self) -> None:
         for s in (getattr(self, "det", None), getattr(self, "pose", None)):

@@ -56,13 +56,13 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
        for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
-    # MistoLine's Anyline: TEED's network with other weights; the extension keeps it beside 7_model.pth
     # the animal pose: DWPose's detector beside the AP10K model (the extension downloads both into openpose/;
     # ComfyUI keeps its own ONNX export of the same model, from hr16/UnJIT-DWPose, apart from yzd-v/DWPose's detector)
     "animal_openpose": Files(("yolox_l.onnx", "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx"),
                              ("openpose",), ("yzd-v/DWPose", "bdsqlsz/qinglong_controlnet-lllite/Annotators",
                                              "hr16/UnJIT-DWPose"), "the animal pose's",
                              apart=((), ("rtmpose-m_ap10k_256.onnx",))),
+    # MistoLine's Anyline: TEED's network with other weights; the extension keeps it beside 7_model.pth
     "softedge_anyline": Files(("MTEED.pth",), ("TEED",), ("TheMistoAI/MistoLine/Anyline",), "MistoLine's MTEED"),
     "normal_bae": Files(("scannet.pt",), ("normal_bae",), ("lllyasviel/Annotators",), "Bae et al.'s normal model"),
     # Depth Anything: the extension's download; ComfyUI keeps the Space's checkpoints/ folder
@@ -153,7 +153,10 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
             raise InputError(f"{where}: {len(given)} files given; {name} needs {len(files.names)}, {need(name)}",
                              where=where, fix="pass them in that order, or the folder holding them")
         by_name = {f.name: f for f in given}
-        return tuple(by_name[n] for n in files.names) if all(n in by_name for n in files.names) else tuple(given)
+        # each file by its name, or by another name it is published under (ComfyUI's, ``apart``)
+        named = [next((by_name[m] for m in (n, *(files.apart[i] if i < len(files.apart) else ())) if m in by_name),
+                      None) for i, n in enumerate(files.names)]
+        return tuple(named) if None not in named and len(set(named)) == len(named) else tuple(given)
     base = Path(models)
     if base.is_file():
         if len(files.names) == 1:
@@ -166,7 +169,8 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
                 for first, other in zip(files.names, files.apart)]
         if all(h is not None for h in hits):
             return tuple(hits)
-        return _missing(name, base, looked, where, source)
+        gone = [n + (f" (or {', '.join(o)})" if o else "") for n, o, h in zip(files.names, files.apart, hits) if h is None]
+        return _missing(name, base, looked, where, source, gone if len(gone) < len(files.names) else None)
     for folder in looked:
         if all((folder / n).is_file() for n in files.names):
             return tuple(folder / n for n in files.names)
@@ -176,10 +180,12 @@ def find(name: str, models: Any, where: str) -> tuple[Path, ...]:
     return _missing(name, base, looked, where, source)
 
 
-def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: str) -> tuple[Path, ...]:
+def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: str,
+             gone: Sequence[str] | None = None) -> tuple[Path, ...]:
+    """``gone``: the files not found where the others were (``Files.apart``); None: all of them."""
     files = ANNOTATORS[name]
-    it = "them" if len(files.names) > 1 else "it"
-    raise InputError(f"{where}: no {' and '.join(files.names)} in {base} (looked in "
+    it = "them" if len(files.names) > 1 and gone is None else "it"
+    raise InputError(f"{where}: no {' and '.join(gone or files.names)} in {base} (looked in "
                      f"{', '.join(str(p) for p in looked[:4])} and {len(looked) - 4} more)", where=where,
                      fix=f"download {it} ({source}) into one of those folders, or pass the file"
                          + ("s" if len(files.names) > 1 else ""))

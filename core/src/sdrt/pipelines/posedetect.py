@@ -304,8 +304,9 @@ class DWPose:
         return to_openpose(keys, scores)
 
 
-def _static(path: str | Path, kind: str) -> dict[str, int] | None:
-    """Batch dims pinned to 1 (the files are exported with a symbolic batch, or none)."""
+def _static(path: str | Path, kind: str, fix: str | None = None) -> dict[str, int] | None:
+    """Batch dims pinned to 1 (the files are exported with a symbolic batch, or none); ``fix``: what to download
+    when the file cannot be read (default: DWPose's ``kind`` again)."""
     import onnx
 
     try:
@@ -314,7 +315,7 @@ def _static(path: str | Path, kind: str) -> dict[str, int] | None:
         from ..errors import ModelError
 
         raise ModelError(f"{path} could not be read as an ONNX graph ({type(exc).__name__}: {str(exc):.80})",
-                         where=str(path), fix=f"download DWPose's {kind} again (yzd-v/DWPose)") from None
+                         where=str(path), fix=fix or f"download DWPose's {kind} again (yzd-v/DWPose)") from None
     dims = {}
     for inp in m.graph.input:
         for d in inp.type.tensor_type.shape.dim:
