@@ -232,7 +232,10 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         if s is None:
             out.append(None)
             continue
-        if module_name == "shuffle" and k == 0:
+        if module_name == "shuffle" and k == 0:  # the extension's hidden slider: 0 to 1, default 512
+            if value not in (-1, 512) and notes is not None:
+                notes.append(f"{field(name)}: shuffle runs at 512 whatever is sent (the extension fixes it there), "
+                             f"so {value:g} was not used")
             out.append(512.0)
             continue
         if not s["min"] <= value <= s["max"]:
