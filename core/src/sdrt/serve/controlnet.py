@@ -234,8 +234,8 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
             continue
         if module_name == "shuffle" and k == 0:  # the extension's hidden slider: 0 to 1, default 512
             if value not in (-1, 512) and notes is not None:
-                notes.append(f"{field(name)}: shuffle runs at 512 whatever is sent (the extension fixes it there), "
-                             f"so {value:g} was not used")
+                notes.append(f"{field(name)}: shuffle runs at 512 whatever is sent (or pixel_perfect's resolution; "
+                             f"the extension fixes it there), so {value:g} was not used")
             out.append(512.0)
             continue
         if not s["min"] <= value <= s["max"]:
