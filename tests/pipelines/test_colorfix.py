@@ -234,3 +234,24 @@ def test_edm_model_is_refused_in_one_line(module: str, tmp_path) -> None:
             pipe.generate("a cat", steps=1, width=64, height=64,
                           controlnets=[ControlNet("controlnet", pic, preprocessor=module, **extra)])
     assert "\n" not in str(exc.value)
+
+
+def test_a_folder_without_a_vae_encoder_says_the_unit_needs_it(tmp_path) -> None:
+    """The colour fix VAE-encodes its picture, in txt2img too: a folder without vae_encoder is refused in one line
+    whose hint names the colour-fix unit (not only an init image or mask, which this run does not have)."""
+    import shutil
+
+    from sdrt.errors import ModelNotFoundError
+
+    register("reference")
+    folder = tmp_path / "no-encoder"
+    shutil.copytree(FOLDER, folder, ignore=shutil.ignore_patterns("vae_encoder", "*.npz"))
+    index = json.loads((folder / "model_index.json").read_text())
+    index.pop("vae_encoder", None)
+    (folder / "model_index.json").write_text(json.dumps(index))
+    pic = np.load(FOLDER / "colorfix.npz")["picture"]
+    with pipelines.load(folder, backend="reference") as pipe:
+        with pytest.raises(ModelNotFoundError, match="no vae_encoder part") as exc:
+            pipe.generate("a cat", steps=1, width=64, height=64,
+                          controlnets=[ControlNet("controlnet", pic, preprocessor="tile_colorfix")])
+    assert "tile_colorfix" in str(exc.value) and "\n" not in str(exc.value)
