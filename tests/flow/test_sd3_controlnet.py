@@ -13,6 +13,7 @@ blocks, a wrong control-latent order, shift, pooled input or window show as tens
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -376,3 +377,17 @@ def test_a_net_file_written_again_is_read_again(tmp_path) -> None:
     assert int(np.abs(want - first).max()) > 10  # the two nets give other images
     got = run(open_controlnet(path, graph=BASE))
     assert int(np.abs(got - want).max()) == 0
+
+
+@pytest.mark.parametrize("module", ["tile_colorfix", "tile_colorfix+sharp"])
+def test_the_colour_fix_modules_are_refused_in_one_line(module: str) -> None:
+    """tile_colorfix corrects an SD UNet's noise prediction while sampling: on an SD3 ControlNet it is refused (as on
+    Flux's), not run as the bare picture without its colour fix."""
+    case = CASES[0]
+    kw = {**_kwargs(case), "steps": 1}
+    kw["controlnets"] = [ControlNet(_net(case["nets"][0]), REFS[f"{case['name']}/control_image_0"],
+                                    preprocessor=module, low=3)]
+    with pytest.raises(InputError, match=re.escape(f"{module} corrects the colours of an SD UNet's noise prediction "
+                                                   "while sampling, and this is an SD3 ControlNet")) as exc:
+        _pipe("reference").generate(case["prompt"], **kw)
+    assert "\n" not in str(exc.value)

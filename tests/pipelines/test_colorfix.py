@@ -212,3 +212,46 @@ def test_hook_doubles_the_blur_in_the_hires_pass_and_refuses_v_models() -> None:
         with pytest.raises(InputError, match="tile_colorfix corrects the colours through the UNet's noise prediction, "
                                              "and this model predicts v"):
             pipe._colorfix_hook([unit], SimpleNamespace(prediction="v"), 64, 64, 1, False)
+
+
+@pytest.mark.parametrize("module", ["tile_colorfix", "inpaint_only"])
+def test_edm_model_is_refused_in_one_line(module: str, tmp_path) -> None:
+    """An EDM-trained eps model (tiny-sdxl-controlnet with Playground v2.5's scheduler) has no DDPM alphas_cumprod to
+    predict x0 with: the colour fix and inpaint_only's restore (the same x0 step) are refused in one line, not an
+    AttributeError while sampling."""
+    import shutil
+
+    from edm_helpers import SPEC
+
+    register("reference")
+    folder = tmp_path / "playground-cn"
+    shutil.copytree(DATA / "tiny-sdxl-controlnet", folder)
+    (folder / "scheduler" / "scheduler_config.json").write_text(json.dumps(SPEC["playground"]["scheduler"]))
+    pic = np.load(FOLDER / "colorfix.npz")["picture"]
+    extra = {"control_mask": np.pad(np.full((32, 32), 255, np.uint8), 16)} if module == "inpaint_only" else {}
+    with pipelines.load(folder, backend="reference") as pipe:
+        with pytest.raises(InputError, match="not DDPM-trained") as exc:
+            pipe.generate("a cat", steps=1, width=64, height=64,
+                          controlnets=[ControlNet("controlnet", pic, preprocessor=module, **extra)])
+    assert "\n" not in str(exc.value)
+
+
+def test_a_folder_without_a_vae_encoder_says_the_unit_needs_it(tmp_path) -> None:
+    """The colour fix VAE-encodes its picture, in txt2img too: a folder without vae_encoder is refused in one line
+    whose hint names the colour-fix unit (not only an init image or mask, which this run does not have)."""
+    import shutil
+
+    from sdrt.errors import ModelNotFoundError
+
+    register("reference")
+    folder = tmp_path / "no-encoder"
+    shutil.copytree(FOLDER, folder, ignore=shutil.ignore_patterns("vae_encoder", "*.npz"))
+    index = json.loads((folder / "model_index.json").read_text())
+    index.pop("vae_encoder", None)
+    (folder / "model_index.json").write_text(json.dumps(index))
+    pic = np.load(FOLDER / "colorfix.npz")["picture"]
+    with pipelines.load(folder, backend="reference") as pipe:
+        with pytest.raises(ModelNotFoundError, match="no vae_encoder part") as exc:
+            pipe.generate("a cat", steps=1, width=64, height=64,
+                          controlnets=[ControlNet("controlnet", pic, preprocessor="tile_colorfix")])
+    assert "tile_colorfix" in str(exc.value) and "\n" not in str(exc.value)

@@ -284,6 +284,9 @@ def test_bad_units(cn_server, unit, status, field, words) -> None:
     ({"module": "canny", "processor_res": 32, "threshold_a": 0}, "threshold_a: 0 is outside Canny Low Threshold's "
      "1 to 255, so the default 100 ran", "Threshold A: 100"),
     ({"module": "canny", "threshold_a": -1, "threshold_b": -1}, None, "Threshold B: 200"),
+    ({"module": "shuffle", "processor_res": 768}, "processor_res: shuffle runs at 512 whatever is sent", "Processor Res: 512"),
+    # pixel_perfect's resolution replaces processor_res (the extension sets it after the check): nothing to name
+    ({"module": "canny", "processor_res": 4096, "pixel_perfect": True}, None, "Pixel Perfect: True"),
 ])
 def test_out_of_range_sliders_take_the_default(cn_server, unit, note, infotext) -> None:
     """The extension's ``bound_check_params``: a slider value outside the slider's range runs the default (and is

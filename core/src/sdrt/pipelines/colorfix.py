@@ -13,8 +13,9 @@
   [0, 1];
 - ``+sharp``: on the uncond rows of a CFG batch only, ``x0`` is then pulled toward its own blur by
   ``Sharpness * 0.01`` (``threshold_b``, 1.0), so that the guidance pushes away from a blur: sharper;
-- it reads the UNet's output as noise: an eps model's (SD 1.x, SDXL). A v-prediction model is refused (the
-  extension would read its v as noise), as the transformer families' nets are.
+- it reads the UNet's output as noise at a DDPM timestep: an eps model's (SD 1.x, SDXL). A v-prediction model is
+  refused (the extension would read its v as noise), and so is an EDM-trained one (Playground v2.5: no
+  ``alphas_cumprod``), as the transformer families' nets are.
 
 The picture's latent is the VAE encoder's mean (the extension samples the posterior with torch's global generator,
 whose spread is about 1e-3 of the latent), as :mod:`sdrt.pipelines.inpaintcn`'s restore.

@@ -26,6 +26,19 @@ if TYPE_CHECKING:  # pragma: no cover
 log = logging.getLogger("sdrt.pipelines")
 
 
+def _check_ddpm_eps(ms: Any, what: str, fix: str) -> None:
+    """The extension's x0 of a UNet call (``inpaint_only``'s restore, ``tile_colorfix``) reads the output as noise at
+    a DDPM timestep (``alphas_cumprod``): a v / x0 model, or an EDM-trained one (Playground v2.5: its timestep is
+    ``0.25 ln sigma``, it has no ``alphas_cumprod``), is refused in one line."""
+    if getattr(ms, "prediction", None) != "eps":
+        raise InputError(f"{what} through the UNet's noise prediction, and this model predicts "
+                         f"{getattr(ms, 'prediction', 'another quantity')}", where="controlnets", fix=fix)
+    if getattr(ms, "kind", None) != "discrete" or getattr(ms, "alphas_cumprod", None) is None:
+        raise InputError(f"{what} through the UNet's noise prediction at a DDPM timestep, and this model is not "
+                         "DDPM-trained (an EDM model such as Playground v2.5: its timestep is 0.25 ln sigma)",
+                         where="controlnets", fix=fix)
+
+
 class ToolboxMixin:
     """ControlNet, hires fix, previews and A1111's seeds for the generic pipeline."""
 
@@ -300,10 +313,7 @@ class ToolboxMixin:
         restoring = [u for u in units if u.restores and u.prepared is not None]
         if not restoring or self._dry:
             return None
-        if getattr(ms, "prediction", None) != "eps":
-            raise InputError("inpaint_only restores the picture through the UNet's noise prediction, and this model "
-                             f"predicts {getattr(ms, 'prediction', 'another quantity')}", where="controlnets",
-                             fix="use preprocessor='inpaint' on this model")
+        _check_ddpm_eps(ms, "inpaint_only restores the picture", "use the inpaint preprocessor instead on this model")
         c = self.family.latent_channels  # type: ignore[attr-defined]
         name = self.family.sample_input  # type: ignore[attr-defined]
         steps = []
@@ -335,10 +345,8 @@ class ToolboxMixin:
         fixing = [u for u in units if u.preprocessor in colorfix.NAMES and u.prepared is not None]
         if not fixing or self._dry:
             return None
-        if getattr(ms, "prediction", None) != "eps":
-            raise InputError(f"{fixing[0].preprocessor} corrects the colours through the UNet's noise prediction, and "
-                             f"this model predicts {getattr(ms, 'prediction', 'another quantity')}",
-                             where="controlnets", fix="use preprocessor='tile_resample' on this model")
+        _check_ddpm_eps(ms, f"{fixing[0].preprocessor} corrects the colours",
+                        "use the tile_resample preprocessor instead on this model")
         c = self.family.latent_channels  # type: ignore[attr-defined]
         name = self.family.sample_input  # type: ignore[attr-defined]
         steps = []

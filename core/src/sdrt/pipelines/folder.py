@@ -153,7 +153,8 @@ class ModelFolder:
             raise ModelNotFoundError(
                 f"the model folder has no {part} part", where=str(self.path / part / "model.onnx"),
                 fix=f"export the {part} too (Optimum: optimum-cli export onnx ...), "
-                    + ("or generate without an init image or mask" if part == "vae_encoder" else "or pick another folder"),
+                    + ("or generate without an init image, a mask or a ControlNet unit that encodes its picture "
+                       "(inpaint_only, tile_colorfix)" if part == "vae_encoder" else "or pick another folder"),
             )
         return path
 

@@ -68,7 +68,8 @@ def prepare(pipe: Any, s: Settings) -> None:
                              where=f"{where} union_mode", fix="leave {@union_mode} out")
         unit.part = pipe._control_part(unit.net, where)
         lay = getattr(unit.part, "sd3_layout", None)
-        if unit.preprocessor in cn.INPAINT_NAMES:  # the hint of SD 1.x's inpaint ControlNet, -1 under the mask
+        # the hint of SD 1.x's inpaint ControlNet (-1 under the mask), and the colour fix of an SD UNet's noise
+        if unit.preprocessor in cn.INPAINT_NAMES + cn.COLORFIX_NAMES:
             cn.check_no_control_mask(unit, where, "an SD3 ControlNet")
         if lay is None:
             raise InputError(f"{where} is an ONNX ControlNet (an SD 1.x / SDXL UNet's), and the model is SD3, whose "

@@ -221,14 +221,16 @@ def _image(value: Any, field: str, max_pixels: int) -> tuple[Any, Any]:
 
 def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[str, str, str],
              field: Callable[[str], str], max_res: int,
-             notes: list[str] | None = None) -> tuple[float | None, float | None, float | None]:
+             notes: list[str] | None = None, pixel_perfect: bool = False
+             ) -> tuple[float | None, float | None, float | None]:
     """``(processor_res, threshold_a, threshold_b)`` for preprocessor ``pre``, each read by ``read(name, highest)``
     and named ``field(name)``. The extension's ``bound_check_params`` (its ``ControlNetUnit`` validator, which
     ``/controlnet/detect`` runs too): a value outside the slider's range (-1, the API's "unset", among them) takes the
     slider's default, and ``notes`` names each one that was not -1 (the extension logs it). A module without the
     slider never reads it (None; the extension's own "scribble" has a fixed level, 127); ``shuffle`` runs at 512
     whatever is sent (the extension fixes it there). A processor_res above ``max_res`` (the server's largest side)
-    is a 400."""
+    is a 400. With ``pixel_perfect`` the resolution is pixel-perfect's whatever processor_res says (the extension
+    sets it after the check): processor_res is not named, nor held to ``max_res``."""
     module_name = next(m for m, p in MODULES.items() if p == pre)
     sliders = SLIDERS[module_name] or ([_UI_RES[module_name]] if module_name in _UI_RES else [])
     out: list[float | None] = []
@@ -238,7 +240,13 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
         if s is None:
             out.append(None)
             continue
-        if module_name == "shuffle" and k == 0:
+        if k == 0 and pixel_perfect:  # not read: pixel_perfect's resolution replaces it
+            out.append(float(s["value"]) if not s["min"] <= value <= s["max"] or module_name == "shuffle" else value)
+            continue
+        if module_name == "shuffle" and k == 0:  # the extension's hidden slider: 0 to 1, default 512
+            if value not in (-1, 512) and notes is not None:
+                notes.append(f"{field(name)}: shuffle runs at 512 whatever is sent (or pixel_perfect's resolution; "
+                             f"the extension fixes it there), so {value:g} was not used")
             out.append(512.0)
             continue
         if not s["min"] <= value <= s["max"]:
@@ -248,7 +256,7 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
             value = float(s["value"])
         out.append(value)
     res, a, b = out
-    if res is not None and res > max_res:
+    if res is not None and res > max_res and not pixel_perfect:
         raise ApiError(400, f"{field(names[0])} must be at most {max_res:g} (the server's --max-size), got {res:g}",
                        field=field(names[0]))
     return res, a, b
@@ -554,8 +562,9 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     if start > end:
         raise ApiError(400, f"{f('guidance_start')} {start:g} is after {f(end_key)} {end:g}", field=f("guidance_start"))
     resize = resize_mode(unit.get("resize_mode"), f("resize_mode"))
+    perfect = bool(flag("pixel_perfect", False))
     res, a, b = _sliders(lambda name, high: num(name, -1.0, None, high), pre,
-                         ("processor_res", "threshold_a", "threshold_b"), f, max_res, notes)
+                         ("processor_res", "threshold_a", "threshold_b"), f, max_res, notes, perfect)
     mode = _choice(unit.get("control_mode", 0), CONTROL_MODES, f("control_mode"))
     guess_key = "guess_mode" if unit.get("guess_mode") is not None else "guessmode"
     if flag(guess_key, None):  # the extension's own conversion while it read guess_mode (1.1.108-1.1.135)
@@ -570,7 +579,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
-                pixel_perfect=bool(flag("pixel_perfect", False)), control_mode=CONTROL_MODES[mode],
+                pixel_perfect=perfect, control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
                 # inpaint_full_res: the control image cut to the area repainted, as the extension (on by default)
                 inpaint_crop=bool(flag("inpaint_crop_input_image", True)),
