@@ -49,8 +49,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
-                        "7_model.pth; normal_bae: scannet.pt; openpose_hand, openpose_face(only), openpose_full: "
-                        "body_pose_model.pth with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
+                        "7_model.pth; normal_bae: scannet.pt; depth_leres: res101.pth; openpose_hand, "
+                        "openpose_face(only), openpose_full: body_pose_model.pth with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
@@ -60,10 +60,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the preprocessor's first slider (the extension's threshold_a): canny's low threshold (100), "
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
                         "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1), "
-                        "normal_midas's background threshold (0.4), softedge_teed's safe steps (2)")
+                        "normal_midas's background threshold (0.4), softedge_teed's safe steps (2), depth_leres's "
+                        "Remove Near %% (0)")
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "
-                        "threshold (0.1)")
+                        "threshold (0.1), depth_leres's Remove Background %% (0)")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '

@@ -72,12 +72,14 @@ ANNOTATORS: dict[str, Files] = {
                                "OpenPose's"),
     "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
                            ("lllyasviel/Annotators",), "OpenPose's"),
+    "depth_leres": Files(("res101.pth",), ("leres",), ("lllyasviel/Annotators",), "LeReS's depth model"),
 }
 
 
 #: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
-#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas``), before ``annotator/downloads/<folder>``
-OLD_FOLDERS = ("mlsd", "midas")
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres``), before
+#: ``annotator/downloads/<folder>``
+OLD_FOLDERS = ("mlsd", "midas", "leres")
 
 
 def layouts(files: Files) -> list[str]:

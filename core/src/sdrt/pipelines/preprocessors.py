@@ -42,6 +42,8 @@ openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 6
 openpose_face           - (body and ``facenet.pth``)                 padded to 64        openposeface, openposeparts
 openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
 openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
+depth_leres             Remove Near % 0 / Remove Background % 0      padded to 64        leresdepth
+                        (0 to 100; ``res101.pth``: ``models``)
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -67,7 +69,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "leres", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields"]
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,7 @@ SPECS: dict[str, Spec] = {
     "openpose_face": Spec("pad", models=True),
     "openpose_faceonly": Spec("pad", models=True),
     "openpose_full": Spec("pad", models=True),
+    "depth_leres": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -182,6 +185,8 @@ def check_thresholds(name: str, low: Any, high: Any, where: str,
 def _what(name: str, k: int = 0) -> str:
     if name == "mlsd":
         return ("the MLSD value threshold", "the MLSD distance threshold")[k]
+    if name == "depth_leres":
+        return ("the remove near %", "the remove background %")[k]
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
@@ -515,6 +520,15 @@ def depth_anything(models: Any, name: str = "depth_anything", backend: str = "au
     return _kept(name, (path,), backend, device, lambda be, dev: DepthAnything(path, version, backend=be, device=dev))
 
 
+def leres(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.leresdepth.LeresDepth` of ``models`` (``res101.pth`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .leresdepth import LeresDepth
+
+    (path,) = model_files("depth_leres", models, where)
+    return _kept("depth_leres", (path,), backend, device, lambda be, dev: LeresDepth(path, backend=be, device=dev))
+
+
 def openpose_parts(name: str, models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.openposeparts.OpenPoseParts` of ``openpose_hand`` / ``openpose_face`` /
     ``openpose_faceonly`` / ``openpose_full``: its files found in ``models`` (:mod:`sdrt.pipelines.annotators`),
@@ -576,6 +590,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     spec = SPECS[name]
     if name == "softedge_teed":  # its network's loop count: NaN was a ValueError, -1 or 1e9 a map run as it fell
         check_thresholds(name, low, None, "sdrt.pipelines.preprocessors.preprocess")
+    if name == "depth_leres":  # NaN would make a black map, 1e9 too: refused as the API's units refuse them
+        check_thresholds(name, low, high, "sdrt.pipelines.preprocessors.preprocess")
     lo = spec.low.default if spec.low is not None and low is None else low
     hi = spec.high.default if spec.high is not None and high is None else high
     crop = None
@@ -628,6 +644,9 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))
+    elif name == "depth_leres":  # the detector pads to 64 itself without a resolution
+        det = leres(models, backend, device, where)
+        rgb = cm.to_rgb(det(cm.checked_rgb(rgb, "sdrt.pipelines.leresdepth"), lo, hi))
     elif name in OPENPOSE_PARTS:
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposeparts"),
                        openpose_parts(name, models, backend, device, where))
