@@ -233,3 +233,34 @@ def test_depth_leres_in_a_controlnet_run_and_on_the_command_line(refs, pth, tmp_
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "res101.pth" in err, err
+
+
+def test_the_detector_is_kept_counted_and_released(refs, pth):
+    """The compiled detector is kept as the other preprocessors' are (kind ``depth_leres``), a job's memory plan counts
+    it (``preprocessor:depth_leres``: the file's tensors as float32, 4 bytes each) and release() closes it."""
+    from pipeline_helpers import DATA as PDATA
+
+    from sdrt import pipelines
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.budget import DETECTOR_FOOTPRINT
+    from sdrt.pipelines.controlnet import ControlNet
+    from sdrt.weights import Weights
+
+    register("openvino")
+    preprocessors.release()
+    before = preprocessors.keep_preprocessors(1)
+    try:
+        preprocessors.preprocess(refs["image"], "depth_leres", resolution=64, models=pth, backend="openvino")
+        assert [k for k, *_ in preprocessors.kept_detectors()] == ["depth_leres"]
+        want = sum(4 * int(np.prod(s)) for s in Weights.open(pth).shapes().values())
+        unit = ControlNet("controlnet", refs["image"], preprocessor="depth_leres", processor_res=64,
+                          preprocessor_models=pth)
+        with pipelines.load(PDATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+            plan = pipe.plan("a room", controlnets=[unit], steps=2, seed=1, width=64, height=64).memory
+        placed = plan.placement("preprocessor:depth_leres")
+        assert placed is not None and placed.role == "preprocessor" and placed.weight_bytes == want
+        assert plan.footprints["preprocessor:depth_leres"] == DETECTOR_FOOTPRINT
+        assert preprocessors.release("depth_leres") == 1 and preprocessors.kept_detectors() == []
+    finally:
+        preprocessors.keep_preprocessors(before)
+        preprocessors.release()
