@@ -71,3 +71,51 @@ def test_image(h: int = 90, w: int = 70) -> np.ndarray:
         m = (yy - cy) ** 2 + (xx - cx) ** 2 < r * r
         img[m] = rng.uniform(0, 255, 3)
     return img.astype(np.uint8)
+
+
+#: the narrow merge network's width (the published latest_net_G.pth: 64)
+NARROW_NGF = 4
+
+
+def make_generator(ngf: int = NARROW_NGF, seed: int = SEED + 2) -> dict[str, np.ndarray]:
+    """Seeded weights of pix2pix's ``UnetGenerator(2, 1, 10, ngf)`` without normalisation (latest_net_G.pth's
+    layout): normals scaled by each layer's fan-in (a transposed convolution's input reaches each output through a
+    quarter of its 4x4 taps), the last bias small."""
+    from sdrt.pipelines.leresboost import generator_shapes
+
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, shape in generator_shapes(ngf).items():
+        if len(shape) == 1:
+            a = rng.standard_normal(shape) * 0.05
+        else:
+            transposed = name.endswith(("3.weight", "5.weight")) and not name.endswith(".model.0.weight")
+            fan = shape[0] * 4 if transposed else int(np.prod(shape[1:]))
+            a = rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(1.0 / fan))
+        out[name] = np.asarray(a, np.float32)
+    return out
+
+
+def write_generator(folder: Path, ngf: int = NARROW_NGF) -> Path:
+    """``folder/latest_net_G.pth``: the generator's state dict as pix2pix saves it (no prefix, no wrapper)."""
+    from openpose_helpers import write_pth
+
+    from sdrt.pipelines.leresboost import PIX2PIX_FILE
+
+    folder.mkdir(parents=True, exist_ok=True)
+    return write_pth(folder / PIX2PIX_FILE, make_generator(ngf))
+
+
+def boost_image(h: int = 448, w: int = 448, fy: float = 1.0, fx: float = 0.15) -> np.ndarray:
+    """A smooth picture with a busy strip at its left (stripes and blobs, ``fy`` x ``fx`` of it): at 448 x 448 its
+    gradients give R_x 448 and six patches."""
+    rng = np.random.default_rng(SEED + 3)
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([xx * 200 // max(w - 1, 1), yy * 200 // max(h - 1, 1), np.full_like(xx, 90)], -1).astype(float)
+    busy = (yy < h * fy) & (xx < w * fx)
+    img[busy] = np.stack([((xx + yy) // 6 % 2) * 200, ((xx - yy) // 9 % 2) * 180, (xx // 4 % 3) * 80], -1)[busy]
+    for _ in range(8):
+        cy, cx, r = rng.uniform(0, h * fy), rng.uniform(0, w * fx), rng.uniform(6, 20)
+        m = (yy - cy) ** 2 + (xx - cx) ** 2 < r * r
+        img[m] = rng.uniform(0, 255, 3)
+    return img.astype(np.uint8)
