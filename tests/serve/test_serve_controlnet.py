@@ -298,7 +298,7 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
-                                    "softedge_teed", "inpaint", "inpaint_only", "depth_leres"]
+                                    "softedge_teed", "inpaint", "inpaint_only", "depth_leres", "depth_leres++"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()

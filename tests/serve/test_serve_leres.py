@@ -1,7 +1,7 @@
 """sdrt serve's depth_leres: its sliders (the extension's Preprocessor Resolution, Remove Near %, Remove Background %),
 /controlnet/detect finding res101.pth in ComfyUI's layout beside the models and giving the map the Python API gives
 (tests/pipelines/test_leres_depth.py holds that map against the extension's code), a txt2img unit whose sliders are
-the infotext's; a slider above 100, and depth_leres++ (its boost merge), are 400s naming what they are about."""
+the infotext's; a slider above 100 is a 400 naming it; depth_leres++ beside it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from serve_helpers import png_b64 as _b64
 from serve_helpers import png_rgb as _rgb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
-from leres_helpers import write_file  # noqa: E402
+from leres_helpers import write_file, write_generator  # noqa: E402
 
 from sdrt.pipelines import preprocessors  # noqa: E402
 
@@ -33,7 +33,9 @@ REFS = np.load(Path(__file__).resolve().parents[1] / "data" / "leres" / "leres_r
 def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("comfy")
     shutil.copytree(DATA, root / "models" / "tiny-cn")
-    write_file(root / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators")
+    folder = root / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators"
+    write_file(folder)
+    write_generator(folder)  # depth_leres++'s merge network beside it
     return root
 
 
@@ -71,9 +73,27 @@ def test_detect_depth_leres(server, root) -> None:
         "controlnet_module": "depth_leres", "controlnet_threshold_b": 101,
         "controlnet_input_images": [_b64(REFS["image"])]}, timeout=60)
     assert r.status_code == 400 and r.json()["field"] == "controlnet_threshold_b", r.text
+
+
+def test_detect_depth_leres_boost(server, root) -> None:
+    """depth_leres++ finds both files in ComfyUI's folder and gives the Python API's map (a 200 x 150 image at 150:
+    the double estimate; tests/pipelines/test_leres_boost.py holds it against the extension's); at 64 the padded
+    image is under the 160 pixels its resolution search needs: a 400 naming controlnet_processor_res."""
+    boost = np.load(Path(__file__).resolve().parents[1] / "data" / "leres" / "leres_boost_refs.npz")
+    detail = requests.get(f"{server}/controlnet/module_list", timeout=30).json()["module_detail"]
+    assert detail["depth_leres++"]["sliders"] == detail["depth_leres"]["sliders"]
     r = requests.post(f"{server}/controlnet/detect", json={
-        "controlnet_module": "depth_leres++", "controlnet_input_images": [_b64(REFS["image"])]}, timeout=60)
-    assert r.status_code == 400 and "latest_net_G.pth" in r.text and "depth_leres" in r.text, r.text
+        "controlnet_module": "depth_leres++", "controlnet_processor_res": 150, "controlnet_threshold_a": 10,
+        "controlnet_input_images": [_b64(boost["small_image"])]}, timeout=300)
+    assert r.status_code == 200, r.text
+    got = _rgb(r.json()["images"][0])
+    want = preprocessors.preprocess(boost["small_image"], "depth_leres++", 10, None, resolution=150, models=root,
+                                    backend="openvino")
+    assert got.shape == (150, 200, 3) and np.array_equal(got, want)
+    r = requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "depth_leres++", "controlnet_processor_res": 64,
+        "controlnet_input_images": [_b64(boost["small_image"])]}, timeout=60)
+    assert r.status_code == 400 and r.json()["field"] == "controlnet_processor_res" and "160" in r.text, r.text
 
 
 def test_txt2img_with_a_depth_leres_unit(server) -> None:

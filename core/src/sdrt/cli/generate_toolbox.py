@@ -49,8 +49,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "yolox_l.onnx and dw-ll_ucoco_384.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
-                        "7_model.pth; normal_bae: scannet.pt; depth_leres: res101.pth; openpose_hand, "
-                        "openpose_face(only), openpose_full: body_pose_model.pth with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
+                        "7_model.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
+                        "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
+                        "hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")

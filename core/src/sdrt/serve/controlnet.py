@@ -55,8 +55,8 @@ ALIASES["lineart"] = "lineart_realistic"
 #: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
 MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
 ALIASES["inpaint"] = "inpaint_global_harmonious"
-#: LeReS depth (sdrt.pipelines.leresdepth); depth_leres++ (its boost merge) is refused in _NEEDS
-MODULES["depth_leres"] = "depth_leres"
+#: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
+MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -90,8 +90,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "inpaint": [], "inpaint_only": [],
     "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
-    "depth_leres": [_RES, {"name": "Remove Near %", "min": 0, "max": 100, "value": 0, "step": 0.1},
-                    {"name": "Remove Background %", "min": 0, "max": 100, "value": 0, "step": 0.1}],
+    **{m: [_RES, {"name": "Remove Near %", "min": 0, "max": 100, "value": 0, "step": 0.1},
+           {"name": "Remove Background %", "min": 0, "max": 100, "value": 0, "step": 0.1}]
+       for m in ("depth_leres", "depth_leres++")},
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -117,8 +118,6 @@ _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sam
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
           ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
-          ("leres++", "the BoostingMonocularDepth merge (LeReS run at several resolutions and on patches, merged by "
-                      "a pix2pix generator, latest_net_G.pth; depth_leres is the same network without it)"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
@@ -238,7 +237,7 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     if pre == "normal_midas" and a is not None and a > 1:
         raise ApiError(400, f"{field(names[1])}, the normal background threshold, must be at most 1, got {a:g}",
                        field=field(names[1]))
-    if pre == "depth_leres":
+    if pre in ("depth_leres", "depth_leres++"):
         for k, v, what in ((1, a, "Remove Near %"), (2, b, "Remove Background %")):
             if v is not None and v > 100:
                 raise ApiError(400, f"{field(names[k])}, {what}, must be at most 100, got {v:g}", field=field(names[k]))
