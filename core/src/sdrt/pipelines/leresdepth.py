@@ -26,7 +26,7 @@ Around the network, numpy follows the extension step for step (its processor's `
 - the map is cropped back to the resized image's size.
 
 The extension's ``depth_leres++`` runs the same network inside the BoostingMonocularDepth merge (several resolutions
-and patches, merged by a pix2pix generator, ``latest_net_G.pth``), which sdrt does not build.
+and patches, merged by a pix2pix generator, ``latest_net_G.pth``): :mod:`sdrt.pipelines.leresboost`.
 """
 
 from __future__ import annotations

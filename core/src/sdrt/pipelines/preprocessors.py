@@ -44,7 +44,7 @@ openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 6
 openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
 depth_leres             Remove Near % 0 / Remove Background % 0      padded to 64        leresdepth
                         (0 to 100; ``res101.pth``: ``models``)
-depth_leres++           as depth_leres (and ``latest_net_G.pth``)   padded to 64        leresboost, leresdepth
+depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
