@@ -203,3 +203,30 @@ def test_preprocess_api_and_the_kept_networks(refs, folder):
     finally:
         preprocessors.keep_preprocessors(before)
         preprocessors.release()
+
+
+def test_depth_leres_boost_on_the_command_line(refs, folder, tmp_path, capsys):
+    """The CLI runs depth_leres++ from an A1111/ComfyUI root (the map at the image's own size); a picture too small
+    for its resolution search is one line; a slider above 100 is refused before anything runs."""
+    from PIL import Image
+    from pipeline_helpers import DATA as PDATA
+    from pipeline_helpers import fast_backend
+
+    from sdrt.cli import main
+    from sdrt.pipelines.controlnet import ControlNet, parse_units
+
+    with pytest.raises(InputError, match="remove near %, must be a number from 0 to 100"):
+        parse_units([ControlNet("controlnet", refs["small_image"], preprocessor="depth_leres++", low=101,
+                                preprocessor_models=folder)])
+    png, out = tmp_path / "room.png", tmp_path / "out.png"
+    Image.fromarray(refs["small_image"]).save(png)
+    args = ["generate", str(PDATA / "tiny-sd15-controlnet"), "a room", "--steps", "1", "--seed", "3",
+            "--backend", fast_backend(), "--control-preprocessor", "depth_leres++",
+            "--control-preprocessor-models", str(folder)]
+    assert main([*args, "--control-image", str(png), "-o", str(out)]) == 0, capsys.readouterr().err
+    assert "Module: depth_leres++, Model: controlnet" in Image.open(out).text["parameters"]
+    capsys.readouterr()
+    Image.fromarray(refs["small_image"][:60, :80]).save(png)
+    assert main([*args, "--control-image", str(png), "-o", str(out)]) == 1
+    last = capsys.readouterr().err.strip().splitlines()[-1]  # after the backend's line: the one-line error
+    assert last.startswith("error:") and "160 pixels" in last and "128x64" in last, last  # 80x60, padded

@@ -246,11 +246,11 @@ def processing_res(rgb: np.ndarray, base: int = RECEPTIVE, confidence: float = 0
     sizes = range(int(base / speed), int(threshold / speed), int(base / (2 * speed)))
     if not len(sizes):
         h, w = rgb.shape[:2]
-        raise InputError(f"sdrt.pipelines.leresboost: depth_leres++ needs an image at least {MIN_SIDE} pixels on its "
-                         f"longer side at the processor resolution (its resolution search has no size to try below; "
-                         f"the extension fails there); this one is {w}x{h}",
-                         where="sdrt.pipelines.preprocessors.processor_res",
-                         fix="pass a larger processor resolution, or use depth_leres")
+        raise InputError(f"sdrt.pipelines.leresboost: depth_leres++ needs a control image at least {MIN_SIDE} pixels "
+                         f"on its longer side (at the processor resolution where one is given, padded to 64: its "
+                         f"resolution search has no size to try below, and the extension fails there); this one is "
+                         f"{w}x{h} (padded)", where="sdrt.pipelines.preprocessors.processor_res",
+                         fix="pass a larger image or processor resolution, or use depth_leres")
     pooled = grad
     for p_size in sizes:
         pooled = resize_float(_pool_max(grad, p_size), p_size, p_size, "linear")
