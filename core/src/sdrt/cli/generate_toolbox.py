@@ -55,8 +55,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
-                        "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; openpose_hand, openpose_face(only), openpose_full: "
-                        "body_pose_model.pth with hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
+                        "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
+                        "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
+                        "hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
@@ -67,10 +68,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "the scribble/threshold level (127), tile_resample's down sampling rate (1), scribble_xdog's "
                         "threshold (32), blur_gaussian's sigma (9), the recolor gamma (1), mlsd's value threshold (0.1), "
                         "normal_midas's background threshold (0.4), softedge_teed's and softedge_anyline's safe steps (2), tile_colorfix's "
-                        "variation (8, the colour fix's blur)")
+                        "variation (8, the colour fix's blur), depth_leres's Remove Near %% (0)")
     g.add_argument("--control-threshold-b", action="append", type=float, default=[], metavar="B",
                    help="the preprocessor's second slider (threshold_b): canny's high threshold (200), mlsd's distance "
-                        "threshold (0.1), tile_colorfix+sharp's sharpness (1)")
+                        "threshold (0.1), tile_colorfix+sharp's sharpness (1), depth_leres's Remove "
+                        "Background %% (0)")
     g.add_argument("--control-processor-res", action="append", default=[], metavar="N|none",
                    help="the resolution a preprocessor that reads one runs at (sd-webui-controlnet's Preprocessor "
                         "Resolution: the image's shorter side scaled to N pixels, 1 to 8192; default 512 (softedge_anyline 1280), the "

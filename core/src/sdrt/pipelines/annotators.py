@@ -84,12 +84,16 @@ ANNOTATORS: dict[str, Files] = {
                                "OpenPose's"),
     "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
                            ("lllyasviel/Annotators",), "OpenPose's"),
+    "depth_leres": Files(("res101.pth",), ("leres",), ("lllyasviel/Annotators",), "LeReS's depth model"),
+    # the boost: LeReS and the merge network (pix2pix), both in the extension's downloads/leres
+    "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's"),
 }
 
 
 #: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
-#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas``), before ``annotator/downloads/<folder>``
-OLD_FOLDERS = ("mlsd", "midas")
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres``), before
+#: ``annotator/downloads/<folder>``
+OLD_FOLDERS = ("mlsd", "midas", "leres")
 
 
 def layouts(files: Files) -> list[str]:

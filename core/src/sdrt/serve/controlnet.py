@@ -58,6 +58,8 @@ MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
 ALIASES["inpaint"] = "inpaint_global_harmonious"
 #: the tile net's colour-fix modules (sdrt.pipelines.colorfix)
 MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
+#: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
+MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -98,6 +100,9 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
                             {"name": "Sharpness", "value": 1.0, "min": 0.0, "max": 2.0, "step": 0.01}],
     "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
+    **{m: [_RES, {"name": "Remove Near %", "min": 0, "max": 100, "value": 0, "step": 0.1},
+           {"name": "Remove Background %", "min": 0, "max": 100, "value": 0, "step": 0.1}]
+       for m in ("depth_leres", "depth_leres++")},
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
