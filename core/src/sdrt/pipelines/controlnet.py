@@ -322,7 +322,14 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         # each preprocessor's thresholds against its sliders (sdrt.pipelines.preprocessors.SPECS): a level it cannot
         # use, or one it does not read (none, invert), is refused now rather than at the first step or silently
         unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
-        if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
+        from .refattn import is_reference
+
+        if is_reference(unit):  # no model: the extension's model "None" (the picture guides the UNet itself)
+            if unit.net not in (None, "None", "none", ""):
+                raise InputError(f"{where}: {unit.preprocessor} uses no ControlNet model, and {unit.net!s:.60} was "
+                                 "given", where=where, fix="pass the net as None")
+            unit.net = None
+        elif not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,
                              fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")

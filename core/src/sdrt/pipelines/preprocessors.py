@@ -42,6 +42,7 @@ openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 6
 openpose_face           - (body and ``facenet.pth``)                 padded to 64        openposeface, openposeparts
 openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
 openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
+reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -129,6 +130,8 @@ SPECS: dict[str, Spec] = {
     "openpose_face": Spec("pad", models=True),
     "openpose_faceonly": Spec("pad", models=True),
     "openpose_full": Spec("pad", models=True),
+    # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
+    **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -185,7 +188,8 @@ def _what(name: str, k: int = 0) -> str:
     return {"tile_resample": "the down sampling rate", "scribble_xdog": "the XDoG threshold",
             "blur_gaussian": "the blur's sigma", "canny": "a canny threshold", "scribble": "the scribble level",
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
-            "softedge_teed": "TEED's safe steps"}.get(name, "the gamma correction")
+            "softedge_teed": "TEED's safe steps", "reference_only": "the style fidelity",
+            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -593,6 +597,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = cm.threshold(rgb, int(lo))
     elif name == "invert":
         rgb = cm.invert(rgb)
+    elif name in ("reference_only", "reference_adain", "reference_adain+attn"):  # the extension's identity
+        rgb = cm.to_rgb(rgb)
     elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
         rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)
     elif name in ("tile_resample", "blur_gaussian"):

@@ -1,0 +1,215 @@
+"""reference_only references: sd-webui-controlnet's algorithm written in torch on diffusers' tiny SD 1.x.
+
+The pipeline is ``gen_pipeline_refs.build("sd15")`` (the same seeds, so the same weights as
+``tests/data/pipelines/tiny-sd15``'s ONNX UNet) with diffusers' ``EulerDiscreteScheduler``. The extension's steps
+(``scripts/hook.py``: ``UnetHook.forward``'s "Handle attention and AdaIN control" and
+``hacked_basic_transformer_inner_forward``) are written here with diffusers' modules, independently of sdrt:
+
+- an attention processor on every ``attn1`` (self-attention) that, on the write pass, keeps its input (the block's
+  ``norm1`` output) when the unit's weight passes the block's threshold, and on the read pass attends over
+  ``cat([x] + bank)``, the unconditional rows mixed with their plain attention by the style fidelity;
+- the thresholds: the blocks in the LDM UNet's module order (input, middle, output blocks), sorted widest first
+  (a stable sort), block ``i`` of ``n`` at ``i / n``;
+- a wrapper of ``unet.forward`` that, on a step the unit is on at, draws the noise from the pipeline's generator
+  (``randn`` of the reference latent repeated to the call's rows, as diffusers' community
+  ``StableDiffusionReferencePipeline`` draws it), noises the picture's latent (the VAE's mean times the scaling
+  factor) to ``round(t)`` with the LDM schedule (``sqrt(a_t) x0 + sqrt(1 - a_t) noise``), runs the write pass,
+  then the read pass;
+- the style fidelity: the slider clamped to 0..1; 1 for "ControlNet is more important", 0 for "My prompt is
+  more important"; several units' banks concatenated, their fidelities averaged per block.
+
+Writes ``tests/data/refonly/refs.npz`` (images, the pictures) and ``refs.json`` (the cases)::
+
+    PYTHONPATH=scripts/_tvblock:scripts:core/src /work/refvenv/bin/python scripts/gen_refonly_refs.py
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+from pathlib import Path
+
+sys.modules["torchvision"] = None  # type: ignore[assignment]
+
+import gen_pipeline_refs as gp  # noqa: E402
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+OUT = ROOT / "tests" / "data" / "refonly"
+BASE = dict(prompt="a photo of a red cat", negative_prompt="blurry", steps=4, cfg=7.0, seed=11)
+CASES = [
+    dict(name="balanced", **BASE, units=[dict(picture=0, weight=1.0, fidelity=0.5)]),
+    dict(name="weight0.6-fidelity0", **{**BASE, "seed": 12},
+         units=[dict(picture=0, weight=0.6, fidelity=0.0)]),
+    dict(name="controlnet-important", **{**BASE, "seed": 13},
+         units=[dict(picture=1, weight=1.0, fidelity=0.5, control_mode="ControlNet is more important")]),
+    dict(name="prompt-important", **{**BASE, "seed": 13},
+         units=[dict(picture=1, weight=1.0, fidelity=0.5, control_mode="My prompt is more important")]),
+    dict(name="window-a1111", **{**BASE, "seed": 14, "steps": 5},
+         units=[dict(picture=0, weight=1.0, fidelity=0.8, start=0.3, end=0.8, window="a1111")]),
+    dict(name="two-units", **{**BASE, "seed": 15, "cfg": 5.0},
+         units=[dict(picture=0, weight=1.0, fidelity=0.5), dict(picture=1, weight=0.5, fidelity=1.0)]),
+    dict(name="cfg1", **{**BASE, "seed": 16, "cfg": 1.0}, units=[dict(picture=1, weight=1.0, fidelity=0.5)]),
+]
+
+
+def pictures() -> list[np.ndarray]:
+    """Two 64x64 pictures (the output size: no resize), with structure the attention can copy."""
+    y, x = np.mgrid[0:64, 0:64]
+    a = np.stack([(x * 4) % 256, (y * 4) % 256, ((x - 32) ** 2 + (y - 20) ** 2) % 256], -1)
+    b = np.stack([((x // 8 + y // 8) % 2) * 220 + 20, (x * 3 + y) % 256, 255 - (y * 4) % 256], -1)
+    return [a.astype(np.uint8), b.astype(np.uint8)]
+
+
+def ldm_sqrt_alphas() -> tuple[torch.Tensor, torch.Tensor]:
+    """The LDM schedule's sqrt(a_t) and sqrt(1 - a_t) as the extension's q_sample reads them (float64, then float32)."""
+    betas = np.linspace(0.00085 ** 0.5, 0.012 ** 0.5, 1000, dtype=np.float64) ** 2
+    ac = np.cumprod(1.0 - betas)
+    return torch.tensor(np.sqrt(ac), dtype=torch.float32), torch.tensor(np.sqrt(1.0 - ac), dtype=torch.float32)
+
+
+def block_key(name: str) -> tuple:
+    group = {"down_blocks": 0, "mid_block": 1, "up_blocks": 2}[name.split(".")[0]]
+    return (group, *(int(v) for v in re.findall(r"\.(\d+)(?=\.|$)", name)))
+
+
+class State:
+    mode: str | None = None
+    weight = 1.0
+    fidelity = 0.0
+    uncond_rows: list[int] = []  # noqa: RUF012
+
+
+def attend(attn, x: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+    b, n, c = x.shape
+    h = attn.heads
+    q = attn.to_q(x).view(b, -1, h, c // h).transpose(1, 2)
+    k = attn.to_k(ctx).view(b, -1, h, c // h).transpose(1, 2)
+    v = attn.to_v(ctx).view(b, -1, h, c // h).transpose(1, 2)
+    probs = torch.softmax(q @ k.transpose(-1, -2) * (c // h) ** -0.5, dim=-1)
+    o = (probs @ v).transpose(1, 2).reshape(b, n, c)
+    return attn.to_out[1](attn.to_out[0](o))
+
+
+class RefAttn:
+    """The extension's hacked self-attention, as a diffusers attention processor."""
+
+    def __init__(self, state: State, threshold: float) -> None:
+        self.state, self.threshold = state, threshold
+        self.bank: list[torch.Tensor] = []
+        self.fids: list[float] = []
+
+    def __call__(self, attn, hidden_states, encoder_hidden_states=None, attention_mask=None, temb=None, **kw):
+        assert encoder_hidden_states is None
+        x, st = hidden_states, self.state
+        if st.mode == "write":
+            if st.weight > self.threshold:
+                self.bank.append(x.detach().clone())
+                self.fids.append(st.fidelity)
+            return attend(attn, x, x)
+        if st.mode == "read" and self.bank:
+            sf = sum(self.fids) / len(self.fids)
+            uc = attend(attn, x, torch.cat([x, *self.bank], dim=1))
+            c = uc.clone()
+            if st.uncond_rows and sf > 1e-5:
+                c[st.uncond_rows] = attend(attn, x[st.uncond_rows], x[st.uncond_rows])
+            self.bank, self.fids = [], []
+            return sf * c + (1.0 - sf) * uc
+        self.bank, self.fids = [], []
+        return attend(attn, x, x)
+
+
+def on(unit: dict, step: int, total: int) -> bool:
+    start, end = unit.get("start", 0.0), unit.get("end", 1.0)
+    if unit.get("window", "diffusers") == "a1111":
+        return start <= step / total <= end
+    return not (step / total < start or (step + 1) / total > end)
+
+
+def fidelity(unit: dict) -> float:
+    mode = unit.get("control_mode", "Balanced")
+    if mode == "ControlNet is more important":
+        return 1.0
+    if mode == "My prompt is more important":
+        return 0.0
+    return min(max(unit["fidelity"], 0.0), 1.0)
+
+
+def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
+    unet = pipe.unet
+    state = State()
+    layers = sorted((n[: -len(".processor")] for n in unet.attn_processors if n.endswith("attn1.processor")),
+                    key=block_key)
+    ranked = sorted(layers, key=lambda n: -unet.get_submodule(n).to_q.weight.shape[0])
+    procs = {}
+    for name, proc in unet.attn_processors.items():
+        mod = name[: -len(".processor")]
+        procs[name] = RefAttn(state, ranked.index(mod) / len(ranked)) if mod in ranked else proc
+    unet.set_attn_processor(procs)
+    sa, s1a = ldm_sqrt_alphas()
+    gen = torch.Generator("cpu").manual_seed(case["seed"])
+    with torch.no_grad():
+        lats = []
+        for u in case["units"]:
+            px = torch.from_numpy(pics[u["picture"]]).float().permute(2, 0, 1)[None] / 255.0
+            lats.append(pipe.vae.encode(px * 2 - 1).latent_dist.mean * pipe.vae.config.scaling_factor)
+    forward = unet.forward
+    calls = [0]
+
+    def wrapped(sample, timestep, encoder_hidden_states, *args, **kwargs):
+        step = calls[0]
+        calls[0] += 1
+        rows = sample.shape[0]
+        t = int(torch.round(torch.as_tensor(timestep).float().reshape(-1)[0]))
+        for u, lat in zip(case["units"], lats):
+            if not on(u, step, case["steps"]):
+                continue
+            noise = torch.randn((rows, *lat.shape[1:]), generator=gen)
+            ref_xt = sa[t] * lat.repeat(rows, 1, 1, 1) + s1a[t] * noise
+            state.mode, state.weight, state.fidelity = "write", u["weight"], fidelity(u)
+            forward(ref_xt, timestep, encoder_hidden_states, *args, **kwargs)
+        state.mode = "read"
+        state.uncond_rows = list(range(rows // 2)) if case["cfg"] > 1 else []
+        try:
+            return forward(sample, timestep, encoder_hidden_states, *args, **kwargs)
+        finally:
+            state.mode = None
+
+    unet.forward = wrapped
+    try:
+        sched = gp.SCHEDULERS["Euler"](pipe.scheduler.config)
+        p = type(pipe)(**{**pipe.components, "scheduler": sched})
+        p.set_progress_bar_config(disable=True)
+        out = p(prompt=case["prompt"], negative_prompt=case["negative_prompt"], num_inference_steps=case["steps"],
+                guidance_scale=case["cfg"], height=64, width=64, generator=gen, output_type="np")
+    finally:
+        unet.forward = forward
+    assert calls[0] == case["steps"], calls
+    return (out.images * 255).round().astype(np.uint8)
+
+
+def main() -> None:
+    torch.set_num_threads(1)
+    OUT.mkdir(parents=True, exist_ok=True)
+    pipe = gp.build("sd15")
+    pics = pictures()
+    refs: dict[str, np.ndarray] = {f"picture{k}": p for k, p in enumerate(pics)}
+    for case in CASES:
+        refs[case["name"]] = run_case(pipe, case, pics)
+        print(case["name"], float(refs[case["name"]].std()))
+    sched = gp.SCHEDULERS["Euler"](pipe.scheduler.config)
+    p = type(pipe)(**{**pipe.components, "scheduler": sched})
+    p.set_progress_bar_config(disable=True)
+    c = CASES[0]
+    out = p(prompt=c["prompt"], negative_prompt=c["negative_prompt"], num_inference_steps=c["steps"],
+            guidance_scale=c["cfg"], height=64, width=64, generator=torch.Generator().manual_seed(c["seed"]),
+            output_type="np")
+    refs["plain"] = (out.images * 255).round().astype(np.uint8)  # the first case without the unit
+    np.savez_compressed(OUT / "refs.npz", **refs)
+    (OUT / "refs.json").write_text(json.dumps(CASES, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,79 @@
+"""sd-webui-controlnet's ``reference_only`` against its algorithm written in torch on diffusers' tiny SD 1.x.
+
+``scripts/gen_refonly_refs.py`` wrote ``tests/data/refonly``: the extension's write / read passes as diffusers
+attention processors on ``attn1`` and a wrapper of the UNet's forward (the reference latent noised to the rounded
+timestep with noise from the pipeline's generator), run through ``StableDiffusionPipeline`` with Euler, for units
+of several weights, style fidelities, control modes and windows. The UNet is ``tests/data/pipelines/tiny-sd15``'s
+(an Optimum-style export: layers found by node names).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pipeline_helpers import assert_matches_diffusers, register
+
+from sdrt import pipelines
+from sdrt.errors import InputError
+from sdrt.pipelines import ControlNet
+
+DATA = Path(__file__).resolve().parents[1] / "data"
+REF = DATA / "refonly"
+FOLDER = DATA / "pipelines" / "tiny-sd15"
+REFS = np.load(REF / "refs.npz")
+CASES = json.loads((REF / "refs.json").read_text())
+
+
+def units(case: dict) -> list[ControlNet]:
+    return [ControlNet(None, REFS[f"picture{u['picture']}"], scale=u["weight"], low=u["fidelity"],
+                       preprocessor="reference_only", start=u.get("start", 0.0), end=u.get("end", 1.0),
+                       window=u.get("window", "diffusers"), control_mode=u.get("control_mode", "Balanced"))
+            for u in case["units"]]
+
+
+def generate(pipe, case: dict, **kw):
+    return pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], cfg=case["cfg"],
+                         sampler="Euler", seed=case["seed"], width=64, height=64, **kw)
+
+
+def run_cases(backend: str) -> None:
+    with pipelines.load(FOLDER, backend=backend) as pipe:
+        for case in CASES:
+            got = generate(pipe, case, controlnets=units(case))
+            assert_matches_diffusers(got.images, REFS[case["name"]])
+        plain = generate(pipe, CASES[0]).images
+        assert not any(n.startswith("ref_") for n in pipe.unet.inputs)  # the file's own graph again
+    assert_matches_diffusers(plain, REFS["plain"])
+    assert np.abs(plain[0].astype(int) - REFS[CASES[0]["name"]][0].astype(int)).max() > 20  # the unit did something
+
+
+def test_reference_only_matches_the_extensions_algorithm():
+    register("reference")
+    run_cases("reference")
+
+
+def test_reference_only_on_openvino():
+    pytest.importorskip("openvino")
+    register("openvino")
+    run_cases("openvino")
+
+
+def test_reference_only_infotext_and_errors():
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        got = generate(pipe, {**case, "steps": 1}, controlnets=units(case))
+        assert got.settings[0]["ControlNet 0"] == (
+            "Module: reference_only, Model: None, Weight: 1, Resize Mode: Crop and Resize, Processor Res: 64, "
+            "Threshold A: 0.5, Guidance Start: 0, Guidance End: 1, Pixel Perfect: False, Control Mode: Balanced")
+        with pytest.raises(InputError, match=r"controlnets\[0\] low.*style fidelity.*from 0 to 1"):
+            generate(pipe, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
+                                                         low=1.5)])
+        with pytest.raises(InputError, match="uses no ControlNet model"):
+            generate(pipe, case, controlnets=[ControlNet("controlnet", REFS["picture0"],
+                                                         preprocessor="reference_only")])
+        with pytest.raises(InputError, match="not yet reference_adain"):
+            generate(pipe, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_adain")])
