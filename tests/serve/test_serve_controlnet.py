@@ -298,7 +298,7 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
-                                    "softedge_teed", "inpaint", "inpaint_only"]
+                                    "softedge_teed", "inpaint", "inpaint_only", "reference_only"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -536,3 +536,39 @@ def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
         res = 512 if module in ("lineart_standard", "shuffle") or (sliders and sliders[0] is not None) else None
         want = preprocess(photo, module, a, None, res)
         assert np.array_equal(np.asarray(detected.image.convert("RGB")), want)
+
+
+def test_reference_only_unit_without_a_model_runs_as_the_python_api(cn_server, pipe) -> None:
+    """The extension's reference_only unit (``model: "None"``, Style Fidelity as threshold_a) is the Python API's
+    ``ControlNet(None, picture, preprocessor="reference_only")`` with the extension's window; listed model-free with
+    its slider; the AdaIN modules are refused naming what they need."""
+    photo = _photo(64, 64)
+    unit = {"image": _b64(photo), "module": "reference_only", "model": "None", "weight": 0.8, "threshold_a": 0.3,
+            "guidance_end": 0.8, "control_mode": 0}
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet(None, photo, 0.8, 0.0, 0.8, "reference_only", low=0.3, window="a1111")])
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    assert 'ControlNet 0: "Module: reference_only, Model: None, Weight: 0.8, Resize Mode: Crop and Resize, ' \
+           'Processor Res: 64, Threshold A: 0.3, Guidance Start: 0, Guidance End: 0.8' in info["infotexts"][0]
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        dict(unit, model="tiny_scribble", threshold_a=-1)]}}))  # -1: the slider's default, 0.5
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert "uses no ControlNet model; 'tiny_scribble' was not used" in info["sdrt_not_honoured"][0]
+    assert "Threshold A: 0.5" in info["infotexts"][0]
+    detect = requests.post(f"{cn_server}/controlnet/detect", json={"controlnet_module": "reference_only",
+                                                                   "controlnet_input_images": [_b64(photo)]},
+                           timeout=60)  # the extension's identity: the picture as it is
+    assert detect.status_code == 200 and np.array_equal(_rgb(detect.json()["images"][0]), photo), detect.text
+    detail = requests.get(f"{cn_server}/controlnet/module_list", timeout=60).json()["module_detail"]
+    assert detail["reference_only"] == {"model_free": True, "sliders": [None, {
+        "name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0, "step": 0.01}]}
+    assert detail["canny"]["model_free"] is False
+    for bad, field, words in ((dict(unit, threshold_a=1.5), "threshold_a", "the style fidelity, must be at most 1"),
+                              (dict(unit, module="reference_adain+attn"), "module", "needs AdaIN")):
+        r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [bad]}}))
+        assert r.status_code == 400 and r.json()["field"] == f"alwayson_scripts.controlnet.args[0].{field}", r.text
+        assert words in r.json()["message"]
