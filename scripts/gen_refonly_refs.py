@@ -53,6 +53,13 @@ CASES = [
          units=[dict(picture=0, weight=1.0, fidelity=0.5), dict(picture=1, weight=0.5, fidelity=1.0)]),
     dict(name="cfg1", **{**BASE, "seed": 16, "cfg": 1.0}, units=[dict(picture=1, weight=1.0, fidelity=0.5)]),
 ]
+#: tests/data/pipelines/tiny-sdxl's pipeline (gen_pipeline_refs.build("sdxl"): two transformer blocks in its second
+#: level), where the extension cubes the style fidelity
+XL_CASES = [
+    dict(name="sdxl/balanced", **{**BASE, "seed": 21, "cfg": 6.0}, units=[dict(picture=0, weight=1.0, fidelity=0.5)]),
+    dict(name="sdxl/weight0.5-fidelity0.9", **{**BASE, "seed": 22, "cfg": 5.0},
+         units=[dict(picture=1, weight=0.5, fidelity=0.9)]),
+]
 
 
 def pictures() -> list[np.ndarray]:
@@ -128,17 +135,21 @@ def on(unit: dict, step: int, total: int) -> bool:
     return not (step / total < start or (step + 1) / total > end)
 
 
-def fidelity(unit: dict) -> float:
+def fidelity(unit: dict, xl: bool) -> float:
+    sf = min(max(unit["fidelity"], 0.0), 1.0)
+    if xl:
+        sf = sf ** 3.0
     mode = unit.get("control_mode", "Balanced")
     if mode == "ControlNet is more important":
         return 1.0
     if mode == "My prompt is more important":
         return 0.0
-    return min(max(unit["fidelity"], 0.0), 1.0)
+    return sf
 
 
 def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
     unet = pipe.unet
+    xl = "XL" in type(pipe).__name__
     state = State()
     layers = sorted((n[: -len(".processor")] for n in unet.attn_processors if n.endswith("attn1.processor")),
                     key=block_key)
@@ -168,7 +179,7 @@ def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
                 continue
             noise = torch.randn((rows, *lat.shape[1:]), generator=gen)
             ref_xt = sa[t] * lat.repeat(rows, 1, 1, 1) + s1a[t] * noise
-            state.mode, state.weight, state.fidelity = "write", u["weight"], fidelity(u)
+            state.mode, state.weight, state.fidelity = "write", u["weight"], fidelity(u, xl)
             forward(ref_xt, timestep, encoder_hidden_states, *args, **kwargs)
         state.mode = "read"
         state.uncond_rows = list(range(rows // 2)) if case["cfg"] > 1 else []
@@ -207,8 +218,12 @@ def main() -> None:
             guidance_scale=c["cfg"], height=64, width=64, generator=torch.Generator().manual_seed(c["seed"]),
             output_type="np")
     refs["plain"] = (out.images * 255).round().astype(np.uint8)  # the first case without the unit
+    xl = gp.build("sdxl")
+    for case in XL_CASES:
+        refs[case["name"]] = run_case(xl, case, pics)
+        print(case["name"], float(refs[case["name"]].std()))
     np.savez_compressed(OUT / "refs.npz", **refs)
-    (OUT / "refs.json").write_text(json.dumps(CASES, indent=1) + "\n")
+    (OUT / "refs.json").write_text(json.dumps(CASES + XL_CASES, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -24,7 +24,9 @@ DATA = Path(__file__).resolve().parents[1] / "data"
 REF = DATA / "refonly"
 FOLDER = DATA / "pipelines" / "tiny-sd15"
 REFS = np.load(REF / "refs.npz")
-CASES = json.loads((REF / "refs.json").read_text())
+ALL = json.loads((REF / "refs.json").read_text())
+CASES = [c for c in ALL if not c["name"].startswith("sdxl/")]
+XL_CASES = [c for c in ALL if c["name"].startswith("sdxl/")]
 
 
 def units(case: dict) -> list[ControlNet]:
@@ -48,6 +50,25 @@ def run_cases(backend: str) -> None:
         assert not any(n.startswith("ref_") for n in pipe.unet.inputs)  # the file's own graph again
     assert_matches_diffusers(plain, REFS["plain"])
     assert np.abs(plain[0].astype(int) - REFS[CASES[0]["name"]][0].astype(int)).max() > 20  # the unit did something
+
+
+def run_xl_cases(backend: str) -> None:
+    """tiny-sdxl (two transformer blocks in a level, the extension's cubed style fidelity, time ids and pooled text
+    in the write pass too)."""
+    with pipelines.load(DATA / "pipelines" / "tiny-sdxl", backend=backend) as pipe:
+        for case in XL_CASES:
+            assert_matches_diffusers(generate(pipe, case, controlnets=units(case)).images, REFS[case["name"]])
+
+
+def test_reference_only_on_sdxl():
+    register("reference")
+    run_xl_cases("reference")
+
+
+def test_reference_only_on_sdxl_on_openvino():
+    pytest.importorskip("openvino")
+    register("openvino")
+    run_xl_cases("openvino")
 
 
 def test_reference_only_matches_the_extensions_algorithm():
