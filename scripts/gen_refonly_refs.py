@@ -52,6 +52,12 @@ CASES = [
     dict(name="two-units", **{**BASE, "seed": 15, "cfg": 5.0},
          units=[dict(picture=0, weight=1.0, fidelity=0.5), dict(picture=1, weight=0.5, fidelity=1.0)]),
     dict(name="cfg1", **{**BASE, "seed": 16, "cfg": 1.0}, units=[dict(picture=1, weight=1.0, fidelity=0.5)]),
+    dict(name="adain", **{**BASE, "seed": 17},
+         units=[dict(picture=0, weight=1.0, fidelity=0.5, module="reference_adain")]),
+    dict(name="adain-weight1.5", **{**BASE, "seed": 18},
+         units=[dict(picture=1, weight=1.5, fidelity=0.2, module="reference_adain")]),
+    dict(name="adain+attn", **{**BASE, "seed": 19},
+         units=[dict(picture=0, weight=1.0, fidelity=0.5, module="reference_adain+attn")]),
 ]
 #: tests/data/pipelines/tiny-sdxl's pipeline (gen_pipeline_refs.build("sdxl"): two transformer blocks in its second
 #: level), where the extension cubes the style fidelity
@@ -59,6 +65,8 @@ XL_CASES = [
     dict(name="sdxl/balanced", **{**BASE, "seed": 21, "cfg": 6.0}, units=[dict(picture=0, weight=1.0, fidelity=0.5)]),
     dict(name="sdxl/weight0.5-fidelity0.9", **{**BASE, "seed": 22, "cfg": 5.0},
          units=[dict(picture=1, weight=0.5, fidelity=0.9)]),
+    dict(name="sdxl/adain+attn", **{**BASE, "seed": 23, "cfg": 6.0},
+         units=[dict(picture=0, weight=1.5, fidelity=0.5, module="reference_adain+attn")]),
 ]
 
 
@@ -84,6 +92,8 @@ def block_key(name: str) -> tuple:
 
 class State:
     mode: str | None = None
+    attn_write = True
+    gn_write = False
     weight = 1.0
     fidelity = 0.0
     uncond_rows: list[int] = []  # noqa: RUF012
@@ -112,7 +122,7 @@ class RefAttn:
         assert encoder_hidden_states is None
         x, st = hidden_states, self.state
         if st.mode == "write":
-            if st.weight > self.threshold:
+            if st.attn_write and st.weight > self.threshold:
                 self.bank.append(x.detach().clone())
                 self.fids.append(st.fidelity)
             return attend(attn, x, x)
@@ -126,6 +136,66 @@ class RefAttn:
             return sf * c + (1.0 - sf) * uc
         self.bank, self.fids = [], []
         return attend(attn, x, x)
+
+
+class AdaIN:
+    """The extension's ``hacked_group_norm_forward`` as a forward hook on the module whose output is the LDM block's."""
+
+    def __init__(self, state: State, threshold: float) -> None:
+        self.state, self.threshold = state, threshold
+        self.means: list[torch.Tensor] = []
+        self.vars: list[torch.Tensor] = []
+        self.fids: list[float] = []
+
+    def __call__(self, module, args, output):
+        x = output[0] if isinstance(output, tuple) else output
+        st, eps = self.state, 1e-6
+        y = None
+        if st.mode == "write" and st.gn_write and st.weight > self.threshold:
+            var, mean = torch.var_mean(x, dim=(2, 3), keepdim=True, correction=0)
+            self.means.append(mean)
+            self.vars.append(var)
+            self.fids.append(st.fidelity)
+        if st.mode == "read":
+            if self.means:
+                sf = sum(self.fids) / len(self.fids)
+                var, mean = torch.var_mean(x, dim=(2, 3), keepdim=True, correction=0)
+                std = torch.maximum(var, torch.zeros_like(var) + eps) ** 0.5
+                mean_acc = sum(self.means) / len(self.means)
+                var_acc = sum(self.vars) / len(self.vars)
+                std_acc = torch.maximum(var_acc, torch.zeros_like(var_acc) + eps) ** 0.5
+                y_uc = (x - mean) / std * std_acc + mean_acc
+                y_c = y_uc.clone()
+                if st.uncond_rows and sf > 1e-5:
+                    y_c[st.uncond_rows] = x[st.uncond_rows]
+                y = sf * y_c + (1.0 - sf) * y_uc
+            self.means, self.vars, self.fids = [], [], []
+        if y is None:
+            return output
+        return (y, *output[1:]) if isinstance(output, tuple) else y
+
+
+def gn_modules(unet) -> list[tuple[str, float]]:
+    """The diffusers modules whose outputs are the LDM blocks the extension wraps, with its gn_weight (times 2):
+    the middle block; the resnet / attention pairs of every down level but the first; every up level but the last
+    (its last pair's output is the upsampler's)."""
+    inputs, outputs = [], []
+    for b, block in enumerate(unet.down_blocks):
+        if b == 0:
+            continue
+        for j in range(len(block.resnets)):
+            has_attn = getattr(block, "attentions", None) is not None and j < len(block.attentions)
+            inputs.append(f"down_blocks.{b}.{'attentions' if has_attn else 'resnets'}.{j}")
+    for b, block in enumerate(unet.up_blocks[:-1]):
+        for j in range(len(block.resnets)):
+            has_attn = getattr(block, "attentions", None) is not None and j < len(block.attentions)
+            last = j == len(block.resnets) - 1 and block.upsamplers is not None
+            outputs.append(f"up_blocks.{b}.upsamplers.0" if last else
+                           f"up_blocks.{b}.{'attentions' if has_attn else 'resnets'}.{j}")
+    mods = [("mid_block", 0.0)]
+    mods += [(n, 2 * (1.0 - w / len(inputs))) for w, n in enumerate(inputs)]
+    mods += [(n, 2 * (w / len(outputs))) for w, n in enumerate(outputs)]
+    return mods
 
 
 def on(unit: dict, step: int, total: int) -> bool:
@@ -159,6 +229,7 @@ def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
         mod = name[: -len(".processor")]
         procs[name] = RefAttn(state, ranked.index(mod) / len(ranked)) if mod in ranked else proc
     unet.set_attn_processor(procs)
+    handles = [unet.get_submodule(n).register_forward_hook(AdaIN(state, thr)) for n, thr in gn_modules(unet)]
     sa, s1a = ldm_sqrt_alphas()
     gen = torch.Generator("cpu").manual_seed(case["seed"])
     with torch.no_grad():
@@ -180,6 +251,9 @@ def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
             noise = torch.randn((rows, *lat.shape[1:]), generator=gen)
             ref_xt = sa[t] * lat.repeat(rows, 1, 1, 1) + s1a[t] * noise
             state.mode, state.weight, state.fidelity = "write", u["weight"], fidelity(u, xl)
+            module = u.get("module", "reference_only")
+            state.attn_write = module in ("reference_only", "reference_adain+attn")
+            state.gn_write = module in ("reference_adain", "reference_adain+attn")
             forward(ref_xt, timestep, encoder_hidden_states, *args, **kwargs)
         state.mode = "read"
         state.uncond_rows = list(range(rows // 2)) if case["cfg"] > 1 else []
@@ -197,6 +271,8 @@ def run_case(pipe, case: dict, pics: list[np.ndarray]) -> np.ndarray:
                 guidance_scale=case["cfg"], height=64, width=64, generator=gen, output_type="np")
     finally:
         unet.forward = forward
+        for handle in handles:
+            handle.remove()
     assert calls[0] == case["steps"], calls
     return (out.images * 255).round().astype(np.uint8)
 

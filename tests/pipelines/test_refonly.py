@@ -31,7 +31,7 @@ XL_CASES = [c for c in ALL if c["name"].startswith("sdxl/")]
 
 def units(case: dict) -> list[ControlNet]:
     return [ControlNet(None, REFS[f"picture{u['picture']}"], scale=u["weight"], low=u["fidelity"],
-                       preprocessor="reference_only", start=u.get("start", 0.0), end=u.get("end", 1.0),
+                       preprocessor=u.get("module", "reference_only"), start=u.get("start", 0.0), end=u.get("end", 1.0),
                        window=u.get("window", "diffusers"), control_mode=u.get("control_mode", "Balanced"))
             for u in case["units"]]
 
@@ -60,26 +60,19 @@ def run_xl_cases(backend: str) -> None:
             assert_matches_diffusers(generate(pipe, case, controlnets=units(case)).images, REFS[case["name"]])
 
 
-def test_reference_only_on_sdxl():
-    register("reference")
-    run_xl_cases("reference")
+BACKENDS = ["reference", "openvino", "ggml"]
 
 
-def test_reference_only_on_sdxl_on_openvino():
-    pytest.importorskip("openvino")
-    register("openvino")
-    run_xl_cases("openvino")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reference_units_on_sdxl(backend):
+    register(backend)
+    run_xl_cases(backend)
 
 
-def test_reference_only_matches_the_extensions_algorithm():
-    register("reference")
-    run_cases("reference")
-
-
-def test_reference_only_on_openvino():
-    pytest.importorskip("openvino")
-    register("openvino")
-    run_cases("openvino")
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_reference_units_match_the_extensions_algorithm(backend):
+    register(backend)
+    run_cases(backend)
 
 
 def test_reference_only_infotext_and_errors():
@@ -96,5 +89,6 @@ def test_reference_only_infotext_and_errors():
         with pytest.raises(InputError, match="uses no ControlNet model"):
             generate(pipe, case, controlnets=[ControlNet("controlnet", REFS["picture0"],
                                                          preprocessor="reference_only")])
-        with pytest.raises(InputError, match="not yet reference_adain"):
-            generate(pipe, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_adain")])
+        with pytest.raises(InputError, match="guides an SD 1.x or SDXL UNet"):
+            with pipelines.load(DATA / "pipelines" / "tiny-sd2v", backend="reference") as sd2:
+                generate(sd2, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_adain")])

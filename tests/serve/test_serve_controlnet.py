@@ -298,7 +298,8 @@ def test_controlnet_routes(cn_server) -> None:
                                     "lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise",
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
-                                    "softedge_teed", "inpaint", "inpaint_only", "reference_only"]
+                                    "softedge_teed", "inpaint", "inpaint_only", "reference_only",
+                                    "reference_adain", "reference_adain+attn"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -539,9 +540,9 @@ def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
 
 
 def test_reference_only_unit_without_a_model_runs_as_the_python_api(cn_server, pipe) -> None:
-    """The extension's reference_only unit (``model: "None"``, Style Fidelity as threshold_a) is the Python API's
-    ``ControlNet(None, picture, preprocessor="reference_only")`` with the extension's window; listed model-free with
-    its slider; the AdaIN modules are refused naming what they need."""
+    """The extension's reference units (``model: "None"``, Style Fidelity as threshold_a) are the Python API's
+    ``ControlNet(None, picture, preprocessor="reference_only")`` (``reference_adain+attn``) with the extension's
+    window; listed model-free with their slider."""
     photo = _photo(64, 64)
     unit = {"image": _b64(photo), "module": "reference_only", "model": "None", "weight": 0.8, "threshold_a": 0.3,
             "guidance_end": 0.8, "control_mode": 0}
@@ -567,8 +568,12 @@ def test_reference_only_unit_without_a_model_runs_as_the_python_api(cn_server, p
     assert detail["reference_only"] == {"model_free": True, "sliders": [None, {
         "name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0, "step": 0.01}]}
     assert detail["canny"]["model_free"] is False
+    adain = dict(unit, module="reference_adain+attn", weight=1.5)
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [adain]}}))
+    want = _python(pipe, [ControlNet(None, photo, 1.5, 0.0, 0.8, "reference_adain+attn", low=0.3, window="a1111")])
+    assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), r.text
     for bad, field, words in ((dict(unit, threshold_a=1.5), "threshold_a", "the style fidelity, must be at most 1"),
-                              (dict(unit, module="reference_adain+attn"), "module", "needs AdaIN")):
+                              (dict(adain, threshold_a=2), "threshold_a", "the style fidelity, must be at most 1")):
         r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [bad]}}))
         assert r.status_code == 400 and r.json()["field"] == f"alwayson_scripts.controlnet.args[0].{field}", r.text
         assert words in r.json()["message"]

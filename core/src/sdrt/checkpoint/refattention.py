@@ -192,3 +192,199 @@ def bank_layers(inputs: dict[str, Any]) -> dict[int, int]:
         if m:
             out[int(m[1])] = int(info.shape[-1])
     return out
+
+
+# ---------------------------------------------------------------- reference_adain: the blocks' statistics
+#
+# The extension's ``hacked_group_norm_forward`` wraps whole LDM blocks (not GroupNorm layers): the middle block,
+# the input blocks of every level but the first (SD 1.x's 4, 5, 7, 8, 10, 11; SDXL's 4, 5, 7, 8; a downsampler is
+# a block of its own and is not wrapped) and the output blocks of every level but the last (SD 1.x's 0 to 7, SDXL's
+# 0 to 5). The write pass keeps each block output's mean and variance over its height and width (per row and
+# channel); the read pass replaces the block's output ``x`` by ``(x - mean) / std * std_ref + mean_ref`` (the
+# standard deviations at least sqrt(1e-6)), mixed as the attention is. Here block ``i`` (its place in the
+# extension's list: the middle block, then those input blocks, then those output blocks) gets the outputs
+# ``ref_gn_mean_{i}`` / ``ref_gn_var_{i}`` ``[batch, channels, 1, 1]`` and the inputs ``ref_gn_mean_in_{i}``,
+# ``ref_gn_var_in_{i}`` (the written statistics, averaged over the references) and ``ref_gn_mix_{i}``
+# ``[batch, 1, 1, 1]``; every reader of the block's output reads ``x + mix * (adain(x) - x)`` instead.
+
+_BIAS = re.compile(r"^(?:unet\.)?((down_blocks|up_blocks)\.(\d+)\.(resnets|attentions|upsamplers)\.(\d+)|"
+                   r"mid_block\.(resnets)\.(\d+))\.(conv2|proj_out|conv)\.bias$")
+EPS = 1e-6
+
+
+def gn_names(i: int) -> tuple[str, str, str, str, str]:
+    """Block ``i``'s mean and variance outputs and its mean, variance and mix inputs."""
+    return f"ref_gn_mean_{i}", f"ref_gn_var_{i}", f"ref_gn_mean_in_{i}", f"ref_gn_var_in_{i}", f"ref_gn_mix_{i}"
+
+
+def _module_outputs(model: Any) -> dict[str, tuple[str, str]]:
+    """``{module path: (its output tensor, its last layer's bias)}`` of the UNet's resnets (after the residual and the output scale),
+    transformers (after the residual) and upsamplers, found from their last layer's bias (``conv2``, ``proj_out``,
+    ``conv``), a name every exporter keeps."""
+    g = model.graph
+    consumers: dict[str, list[Any]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    found: dict[str, tuple[str, str]] = {}
+    for node in g.node:
+        for name in node.input:
+            m = _BIAS.match(name)
+            if not m:
+                continue
+            path, kind = m[1], m[4] or m[6]
+            out = node.output[0]
+            if kind == "upsamplers":
+                found[path] = (out, name)
+                continue
+            for _ in range(8):  # through the reshapes back to NCHW, to the residual's Add
+                nxt = consumers.get(out, [])
+                if len(nxt) != 1:
+                    break
+                out = nxt[0].output[0]
+                if nxt[0].op_type == "Add":
+                    break
+            after = consumers.get(out, [])
+            if kind == "resnets" and len(after) == 1 and after[0].op_type == "Div":  # output_scale_factor
+                out = after[0].output[0]
+            found[path] = (out, name)
+    return found
+
+
+def gn_blocks(model: Any) -> list[tuple[str, str, float, str]]:
+    """The blocks the extension wraps, in its order: ``(module path, output tensor, write threshold, bias)``, the
+    threshold as its ``gn_weight`` (times 2): the middle block 0, the input blocks ``2 (1 - w / n)``, the output
+    blocks ``2 w / n``."""
+    outs = _module_outputs(model)
+
+    def levels(kind: str) -> dict[int, list[int]]:
+        got: dict[int, set[int]] = {}
+        for p in outs:
+            m = re.match(rf"{kind}\.(\d+)\.(resnets|attentions)\.(\d+)$", p)
+            if m:
+                got.setdefault(int(m[1]), set()).add(int(m[3]))
+        return {b: sorted(js) for b, js in sorted(got.items())}
+
+    def block(kind: str, b: int, j: int, last: bool) -> str | None:
+        up = f"{kind}.{b}.upsamplers.0"
+        if last and up in outs:
+            return up
+        for sub in ("attentions", "resnets"):
+            if f"{kind}.{b}.{sub}.{j}" in outs:
+                return f"{kind}.{b}.{sub}.{j}"
+        return None
+
+    downs, ups = levels("down_blocks"), levels("up_blocks")
+    mids = sorted(int(re.match(r"mid_block\.resnets\.(\d+)$", p)[1]) for p in outs
+                  if re.match(r"mid_block\.resnets\.(\d+)$", p))
+    if not downs or not ups or not mids:
+        return []
+    inputs = [block("down_blocks", b, j, False) for b in list(downs)[1:] for j in downs[b]]
+    ups_kept = list(ups)[:-1]
+    outputs = [block("up_blocks", b, j, j == ups[b][-1]) for b in ups_kept for j in ups[b]]
+    if any(p is None for p in inputs + outputs):
+        return []
+    mid = f"mid_block.resnets.{mids[-1]}"
+    blocks = [(mid, *outs[mid], 0.0)]
+    blocks += [(p, *outs[p], 2 * (1.0 - w / len(inputs))) for w, p in enumerate(inputs) if p is not None]
+    blocks += [(p, *outs[p], 2 * (w / len(outputs))) for w, p in enumerate(outputs) if p is not None]
+    return [(p, out, threshold, bias) for p, out, bias, threshold in blocks]
+
+
+def adain_graph(model: Any, where: str) -> Any:
+    """``model`` with the extension's AdaIN on the outputs of the blocks :func:`gn_blocks` finds, in place."""
+    from onnx import TensorProto, helper
+
+    g = model.graph
+    blocks = gn_blocks(model)
+    if not blocks:
+        raise ModelError("the UNet graph's blocks cannot be found (its resnets' conv2, transformers' proj_out and "
+                         "upsamplers' conv biases are not named as diffusers names them)", where=where,
+                         fix="use sdrt's shipped graphs (a single-file checkpoint) or an export that keeps diffusers' "
+                             "names (torch.onnx / Optimum)")
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    dtype = next((i.type.tensor_type.elem_type for i in g.input if i.name == "sample"), TensorProto.FLOAT)
+    batch = next((i.type.tensor_type.shape.dim[0] for i in g.input if i.name == "sample"), None)
+    rows = batch if batch is not None else "batch"
+    producer = {o: k for k, n in enumerate(g.node) for o in n.output}
+    after: dict[int, list[Any]] = {}
+    new_inputs, new_outputs = [], []
+
+    def info(name: str, shape: list[Any]) -> Any:
+        vi = helper.make_tensor_value_info(name, dtype, None)
+        for dim in shape:
+            new = vi.type.tensor_type.shape.dim.add()
+            if isinstance(dim, str):
+                new.dim_param = dim
+            elif isinstance(dim, int):
+                new.dim_value = dim
+            else:
+                new.CopyFrom(dim)
+        return vi
+
+    def mean(x: str, out: str, t: str) -> list[Any]:
+        if opset >= 18:
+            return [helper.make_node("Constant", [], [t + "axes"],
+                                     value=helper.make_tensor(t + "axes_v", TensorProto.INT64, [2], [2, 3])),
+                    helper.make_node("ReduceMean", [x, t + "axes"], [out], keepdims=1)]
+        return [helper.make_node("ReduceMean", [x], [out], axes=[2, 3], keepdims=1)]
+
+    inits = {t.name: list(t.dims) for t in g.initializer}
+    inits.update({i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input})
+    renamed: dict[str, str] = {}
+    for i, (_, x, _, bias) in enumerate(blocks):
+        mean_out, var_out, mean_in, var_in, mix = gn_names(i)
+        dims = inits.get(bias, [])
+        channels: Any = int(dims[0]) if len(dims) == 1 and dims[0] > 0 else f"ref_gn_channels_{i}"
+        new_outputs += [info(mean_out, [rows, channels, 1, 1]), info(var_out, [rows, channels, 1, 1])]
+        new_inputs += [info(mean_in, [rows, channels, 1, 1]), info(var_in, [rows, channels, 1, 1]),
+                       info(mix, [rows, 1, 1, 1])]
+        t = f"/ref_gn/{i}/"
+        nodes = mean(x, t + "mean", t)
+        nodes += [helper.make_node("Identity", [t + "mean"], [mean_out]),
+                  helper.make_node("Sub", [x, t + "mean"], [t + "centred"]),
+                  helper.make_node("Mul", [t + "centred", t + "centred"], [t + "sq"])]
+        nodes += mean(t + "sq", t + "var", t + "v")
+        nodes += [helper.make_node("Identity", [t + "var"], [var_out]),
+                  helper.make_node("Constant", [], [t + "eps"], value=helper.make_tensor(t + "eps_v", dtype, [], [EPS])),
+                  # max(v, eps) as relu(v - eps) + eps: a Max of two runtime tensors is what ggml cannot lower
+                  helper.make_node("Sub", [t + "var", t + "eps"], [t + "var_d"]),
+                  helper.make_node("Relu", [t + "var_d"], [t + "var_r"]),
+                  helper.make_node("Add", [t + "var_r", t + "eps"], [t + "var_e"]),
+                  helper.make_node("Sqrt", [t + "var_e"], [t + "std"]),
+                  helper.make_node("Sub", [var_in, t + "eps"], [t + "ref_var_d"]),
+                  helper.make_node("Relu", [t + "ref_var_d"], [t + "ref_var_r"]),
+                  helper.make_node("Add", [t + "ref_var_r", t + "eps"], [t + "ref_var_e"]),
+                  helper.make_node("Sqrt", [t + "ref_var_e"], [t + "ref_std"]),
+                  helper.make_node("Div", [t + "centred", t + "std"], [t + "norm"]),
+                  helper.make_node("Mul", [t + "norm", t + "ref_std"], [t + "scaled"]),
+                  helper.make_node("Add", [t + "scaled", mean_in], [t + "adain"]),
+                  helper.make_node("Sub", [t + "adain", x], [t + "delta"]),
+                  helper.make_node("Mul", [t + "delta", mix], [t + "mixed"]),
+                  helper.make_node("Add", [x, t + "mixed"], [t + "out"])]
+        after.setdefault(producer[x], []).extend(nodes)
+        renamed[x] = t + "out"
+    own = {id(n) for ns in after.values() for n in ns}
+    nodes_ = list(g.node)
+    for n in nodes_:  # every reader of a block's output reads the mixed one
+        if id(n) in own:
+            continue
+        for k, name in enumerate(n.input):
+            if name in renamed:
+                n.input[k] = renamed[name]
+    del g.node[:]
+    for k, node in enumerate(nodes_):
+        g.node.append(node)
+        g.node.extend(after.get(k, []))
+    for o in g.output:
+        if o.name in renamed:
+            raise ModelError(f"the UNet graph's block {o.name} is a graph output", where=where,
+                             fix="use sdrt's shipped graphs or a torch.onnx / Optimum export of the UNet")
+    g.input.extend(new_inputs)
+    g.output.extend(new_outputs)
+    return model
+
+
+def gn_layers(inputs: dict[str, Any]) -> list[int]:
+    """The blocks of a graph's AdaIN inputs (empty: a graph without them)."""
+    return sorted(int(m[1]) for name in inputs if (m := re.match(r"ref_gn_mix_(\d+)$", name)))

@@ -155,10 +155,10 @@ class ToolboxMixin:
             slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
             refattn.check(self, refs, [f"controlnets[{slots[id(u)]}]" for u in refs])
         if family in ipa.FAMILIES:
-            from .refattn import use_graph
+            from .refattn import graph_kinds, use_graph
 
             heads = ipa.heads_for(self.folder.configs, family, self.family.denoiser_part)  # type: ignore[attr-defined]
-            use_graph(self.denoiser, len(units), heads, bool(refs))  # type: ignore[attr-defined]
+            use_graph(self.denoiser, len(units), heads, *graph_kinds(refs))  # type: ignore[attr-defined]
 
     def _ip_conditioning(self, s: Settings, cond: Any, uncond: Any) -> tuple[Any, Any]:
         """The job's conditionings with the IP-Adapters' image inputs (sdrt.pipelines.ipadapter), or as they are."""

@@ -44,7 +44,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the extension's reference modules (``model: "None"``); the ones sdrt runs
 MODULES = ("reference_only", "reference_adain", "reference_adain+attn")
-RUNS = ("reference_only",)
+RUNS = MODULES
 #: the families whose UNet has the extension's transformer blocks
 FAMILIES = ("sd1", "sdxl")
 #: the style fidelity slider's default (the extension's threshold_a)
@@ -69,11 +69,20 @@ def fidelity(unit: ControlNet, family: str, hires: bool) -> float:
     return sf
 
 
-def use_graph(part: Part, adapters: int, heads: Any, reference: bool) -> None:
-    """The UNet part runs its graph with IP attention for ``adapters`` IP-Adapters and, with ``reference``, the
-    reference attention of :mod:`sdrt.checkpoint.refattention` (neither: as its file has it). Both are counts and
+ATTN = ("reference_only", "reference_adain+attn")  #: the modules that write the self-attention banks
+ADAIN = ("reference_adain", "reference_adain+attn")  #: the modules that write the blocks' statistics
+
+
+def graph_kinds(units: Sequence[Any]) -> tuple[bool, bool]:
+    """Whether the run's reference units need the attention banks, the blocks' statistics."""
+    return any(u.preprocessor in ATTN for u in units), any(u.preprocessor in ADAIN for u in units)
+
+
+def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: bool = False) -> None:
+    """The UNet part runs its graph with IP attention for ``adapters`` IP-Adapters and, as asked, the reference
+    attention and AdaIN of :mod:`sdrt.checkpoint.refattention` (none: as its file has it). They are counts and
     switches only, so the compiled graph is kept between jobs that ask the same."""
-    if not adapters and not reference:
+    if not adapters and not attention and not adain:
         part.edit_graph(None)
         return
     where = str(part.path)
@@ -82,45 +91,75 @@ def use_graph(part: Part, adapters: int, heads: Any, reference: bool) -> None:
         import onnx
 
         from ..checkpoint.ipattention import ip_attention_graph
-        from ..checkpoint.refattention import reference_graph
+        from ..checkpoint.refattention import adain_graph, reference_graph
 
         model = onnx.ModelProto()
         model.CopyFrom(graph.model)
         if adapters:
             model = ip_attention_graph(model, heads, where, adapters=adapters)
-        if reference:
+        if attention:
             model = reference_graph(model, heads, where)
+        if adain:
+            model = adain_graph(model, where)
         return graph.derive(model)
 
     keys = []
     if adapters:
         keys.append("ip_adapter" if adapters == 1 else f"ip_adapter*{adapters}")
-    if reference:
+    if attention:
         keys.append("reference_only")
+    if adain:
+        keys.append("reference_adain")
     part.edit_graph(edit, "+".join(keys))
 
 
 class Layers:
-    """The reference layers of the part's graph: place ``k`` -> width, and the extension's write threshold."""
+    """The reference inputs of the part's graph: attention layer ``k`` -> width, level and write threshold; AdaIN
+    block ``i`` -> channels and write threshold."""
 
     def __init__(self, part: Part) -> None:
-        from ..checkpoint.refattention import bank_layers, layer_places, ldm_order, self_layers
+        from ..checkpoint.refattention import bank_layers, gn_blocks, gn_layers, layer_places, ldm_order, self_layers
 
-        self.widths = bank_layers(part.inputs)
-        paths = list(self_layers(part.graph.model))
-        places = layer_places(paths)
-        walk = sorted(paths, key=ldm_order)  # the extension's torch_dfs order, then widest first (a stable sort)
-        ranked = sorted(walk, key=lambda p: -self.widths.get(places[p], 0))
-        self.threshold = {places[p]: i / len(ranked) for i, p in enumerate(ranked)}
-        self.dtype = np.dtype(next(iter(part.inputs.values())).dtype) if not self.widths else np.dtype(
-            part.inputs[f"ref_mix_{next(iter(self.widths))}"].dtype)
+        inputs = part.inputs
+        model = part.graph.model
+        self.widths = bank_layers(inputs)
+        self.threshold: dict[int, float] = {}
+        self.level: dict[int, int] = {}
+        if self.widths:
+            paths = list(self_layers(model))
+            places = layer_places(paths)
+            walk = sorted(paths, key=ldm_order)  # the extension's torch_dfs order, then widest first (a stable sort)
+            ranked = sorted(walk, key=lambda p: -self.widths.get(places[p], 0))
+            self.threshold = {places[p]: i / len(ranked) for i, p in enumerate(ranked)}
+            levels = 1 + max((int(p.split(".")[1]) for p in paths if p.startswith("down_blocks.")), default=0)
+            levels = max(levels, 1 + max((int(p.split(".")[1]) for p in paths if p.startswith("up_blocks.")),
+                                         default=0))
+            for p in paths:
+                head, b = p.split(".")[0], p.split(".")[1]
+                self.level[places[p]] = (int(b) if head == "down_blocks" else levels - 1 - int(b)
+                                         if head == "up_blocks" else levels - 1)
+        self.blocks = gn_layers(inputs)
+        self.gn_threshold = {i: t for i, (_, _, t, _) in enumerate(gn_blocks(model))} if self.blocks else {}
+        self.channels = {i: inputs[f"ref_gn_mean_in_{i}"].shape[1] for i in self.blocks}
+        mix = next((n for n in inputs if n.startswith(("ref_mix_", "ref_gn_mix_"))), None)
+        self.dtype = np.dtype(inputs[mix].dtype) if mix is not None else np.dtype(np.float32)
+
+    def tokens(self, k: int, h: int, w: int) -> int:
+        """Layer ``k``'s tokens for a latent of ``h x w`` (each level halves it, rounding up)."""
+        for _ in range(self.level.get(k, 0)):
+            h, w = -(-h // 2), -(-w // 2)
+        return h * w
 
 
 def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState, generator: Any, *,
          width: int, height: int, batch: int, hires: bool, sample_name: str = "sample"
          ) -> Any:
-    """The denoiser hook of a pass: the write pass on the noised reference latents, then the read call's banks."""
-    from ..checkpoint.refattention import names
+    """The denoiser hook of a pass: the write pass on the noised reference latents, then the read call's banks.
+
+    Every call of a pass feeds banks of one shape (zeros and a mix of 0 where nothing is written), so that a
+    backend compiles the edited UNet once: the write pass attends over as many zero tokens as the read pass has
+    banked ones. (Units with different windows change the shape on the steps where only some are on.)"""
+    from ..checkpoint.refattention import gn_names, names
     from .controlnet import residual_inputs
 
     layers = Layers(part)
@@ -130,59 +169,85 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
     latents = [latent(pipe, u, width, height, k) for k, u in enumerate(units)]
     residuals = residual_inputs(part)
     noise = noise_source(pipe, generator)
-    empty: dict[tuple[Any, ...], np.ndarray] = {}
+    attn_units = [u for u in units if u.preprocessor in ATTN]
+    gn_units = [u for u in units if u.preprocessor in ADAIN]
+    zeros: dict[tuple[Any, ...], np.ndarray] = {}
 
-    def idle(rows: int) -> dict[str, np.ndarray]:
+    def zero(shape: tuple[int, ...]) -> np.ndarray:
+        if shape not in zeros:
+            zeros[shape] = np.zeros(shape, layers.dtype)
+        return zeros[shape]
+
+    def idle(rows: int, h: int, w: int) -> dict[str, np.ndarray]:
         out = {}
-        for k, w in layers.widths.items():
-            key = (rows, w)
-            if key not in empty:
-                empty[key] = np.zeros((rows, 1, w), layers.dtype)
+        for k, width_ in layers.widths.items():
+            writers = sum(1 for u in attn_units if u.scale > layers.threshold[k])
             _, bank_in, mix = names(k)
-            out[bank_in] = empty[key]
-            out[mix] = np.zeros((rows, 1, 1), layers.dtype)
+            out[bank_in] = zero((rows, layers.tokens(k, h, w) * writers or 1, width_))
+            out[mix] = zero((rows, 1, 1))
+        for i in layers.blocks:
+            _, _, mean_in, var_in, mix = gn_names(i)
+            ch = layers.channels[i]
+            out[mean_in] = out[var_in] = zero((rows, ch if isinstance(ch, int) and ch > 0 else 1, 1, 1))
+            out[mix] = zero((rows, 1, 1, 1))
         return out
+
+    def mixes(rows: int, fids: list[float]) -> np.ndarray:
+        m = np.ones((rows, 1, 1), np.float32)
+        if rows == 2 * batch:  # rows [uncond, cond], as the batched CFG denoiser stacks them
+            m[:batch] = 1.0 - sum(fids) / len(fids)
+        return m
 
     def run(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
         sample = feeds[sample_name]
-        rows = sample.shape[0]
+        rows, h, w = sample.shape[0], sample.shape[2], sample.shape[3]
+        base = idle(rows, h, w)
         on = [(u, lat) for u, lat in zip(units, latents) if state.on(u)]
         if not on:
-            return idle(rows)
+            return base
         t = int(np.rint(float(np.asarray(feeds["timestep"]).reshape(-1)[0])))
         t = min(max(t, 0), len(ms.alphas_cumprod) - 1)
         a = float(ms.alphas_cumprod[t])
         banks: dict[int, list[np.ndarray]] = {k: [] for k in layers.widths}
         fids: dict[int, list[float]] = {k: [] for k in layers.widths}
+        stats: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {i: [] for i in layers.blocks}
+        gn_fids: dict[int, list[float]] = {i: [] for i in layers.blocks}
         for unit, lat in on:
             draw = noise.randn((rows, *lat.shape[1:])).astype(np.float32)
             ref_xt = (np.float32(a ** 0.5) * lat + np.float32((1 - a) ** 0.5) * draw).astype(np.float32)
             if sample.shape[1] > c:  # an inpainting UNet: the extension's zero mask and the picture's latent
                 ref_xt = np.concatenate([ref_xt, np.zeros_like(ref_xt[:, :1]), np.repeat(lat, rows, axis=0)], axis=1)
             write = dict(feeds)
-            write.update(idle(rows))
+            write.update(base)
             write[sample_name] = ref_xt.astype(sample.dtype)
             for name in residuals:
                 if name in write:
                     write[name] = np.zeros_like(write[name])
             out = part.run(write)
             sf = fidelity(unit, family, hires)
-            for k in layers.widths:
-                if unit.scale > layers.threshold[k]:
-                    banks[k].append(np.asarray(out[names(k)[0]]))
-                    fids[k].append(sf)
-        got: dict[str, np.ndarray] = {}
-        uncond = rows == 2 * batch  # rows [uncond, cond], as the batched CFG denoiser stacks them
-        for k, w in layers.widths.items():
-            _, bank_in, mix = names(k)
-            if not banks[k]:
-                got.update({bank_in: np.zeros((rows, 1, w), layers.dtype), mix: np.zeros((rows, 1, 1), layers.dtype)})
-                continue
-            got[bank_in] = np.concatenate(banks[k], axis=1).astype(layers.dtype, copy=False)
-            m = np.ones((rows, 1, 1), np.float32)
-            if uncond:
-                m[:batch] = 1.0 - sum(fids[k]) / len(fids[k])
-            got[mix] = m.astype(layers.dtype)
+            if unit.preprocessor in ATTN:
+                for k in layers.widths:
+                    if unit.scale > layers.threshold[k]:
+                        banks[k].append(np.asarray(out[names(k)[0]]))
+                        fids[k].append(sf)
+            if unit.preprocessor in ADAIN:
+                for i in layers.blocks:
+                    if unit.scale > layers.gn_threshold[i]:
+                        mean_out, var_out = gn_names(i)[:2]
+                        stats[i].append((np.asarray(out[mean_out]), np.asarray(out[var_out])))
+                        gn_fids[i].append(sf)
+        got = dict(base)
+        for k in layers.widths:
+            if banks[k]:
+                _, bank_in, mix = names(k)
+                got[bank_in] = np.concatenate(banks[k], axis=1).astype(layers.dtype, copy=False)
+                got[mix] = mixes(rows, fids[k]).astype(layers.dtype)
+        for i in layers.blocks:
+            if stats[i]:
+                _, _, mean_in, var_in, mix = gn_names(i)
+                got[mean_in] = (sum(m for m, _ in stats[i]) / len(stats[i])).astype(layers.dtype)
+                got[var_in] = (sum(v for _, v in stats[i]) / len(stats[i])).astype(layers.dtype)
+                got[mix] = mixes(rows, gn_fids[i]).reshape(rows, 1, 1, 1).astype(layers.dtype)
         return got
 
     return run

@@ -55,10 +55,9 @@ ALIASES["lineart"] = "lineart_realistic"
 #: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
 MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
 ALIASES["inpaint"] = "inpaint_global_harmonious"
-#: the extension's reference module (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
-MODULES["reference_only"] = "reference_only"
-#: the modules the extension lists as ``model_free`` (its units send ``model: "None"``)
-MODEL_FREE = ("reference_only",)
+#: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
+MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
+MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -92,8 +91,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "inpaint": [], "inpaint_only": [],
     "openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose_hand": [], "openpose_face": [], "openpose_faceonly": [],
-    "reference_only": [None, {"name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0,
-                              "max": 1.0, "step": 0.01}],
+    **{m: [None, {"name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0,
+                  "step": 0.01}] for m in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -109,7 +108,7 @@ HR_OPTIONS = ("Both", "Low res only", "High res only")
 _NEEDS = (("tile_colorfix", "the extension's colour fix of the latents while sampling (tile_resample is the map "
                             "without it)"),
           ("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
-                   "it)"), ("reference_adain", "AdaIN of the UNet's block statistics (sdrt runs reference_only)"),
+                   "it)"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
                          ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
@@ -242,7 +241,7 @@ def _sliders(read: Callable[[str, float | None], float], pre: str, names: tuple[
     if pre == "softedge_teed" and a is not None and (a > 10 or not float(a).is_integer()):
         raise ApiError(400, f"{field(names[1])}, TEED's safe steps, must be a whole number from 0 to 10, got {a:g}",
                        field=field(names[1]))
-    if pre == "reference_only" and a is not None and a > 1:
+    if pre in MODEL_FREE and a is not None and a > 1:
         raise ApiError(400, f"{field(names[1])}, the style fidelity, must be at most 1, got {a:g}",
                        field=field(names[1]))
     if pre.startswith("recolor") and a is not None and a > MAX_GAMMA:
