@@ -92,3 +92,22 @@ def test_reference_only_infotext_and_errors():
         with pytest.raises(InputError, match="guides an SD 1.x or SDXL UNet"):
             with pipelines.load(DATA / "pipelines" / "tiny-sd2v", backend="reference") as sd2:
                 generate(sd2, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_adain")])
+
+
+def test_reference_units_on_the_cli(tmp_path):
+    """``--control-preprocessor reference_only`` with no ``--controlnet``: the unit reads no net (the folder's nets go
+    to the other units), the picture as the API's."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    case = CASES[1]  # weight 0.6, style fidelity 0
+    Image.fromarray(REFS["picture0"]).save(tmp_path / "ref.png")
+    out = tmp_path / "out.png"
+    assert main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+                 str(case["steps"]), "--cfg", str(case["cfg"]), "--sampler", "Euler", "--seed", str(case["seed"]),
+                 "--width", "64", "--height", "64", "--control-image", str(tmp_path / "ref.png"),
+                 "--control-preprocessor", "reference_only", "--control-scale", "0.6", "--control-threshold-a", "0",
+                 "--backend", "reference", "-o", str(out)]) == 0
+    assert_matches_diffusers([np.asarray(Image.open(out).convert("RGB"))], REFS[case["name"]])

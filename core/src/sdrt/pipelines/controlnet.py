@@ -55,6 +55,8 @@ from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, 
 from .preprocessors import preprocess as _preprocess
 
 INPAINT_NAMES = ("inpaint", "inpaint_only")  #: sdrt.pipelines.inpaintcn.INPAINT
+#: the reference modules: no net, the picture guides the UNet itself (sdrt.pipelines.refattn)
+REFERENCE = ("reference_only", "reference_adain", "reference_adain+attn")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -322,9 +324,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         # each preprocessor's thresholds against its sliders (sdrt.pipelines.preprocessors.SPECS): a level it cannot
         # use, or one it does not read (none, invert), is refused now rather than at the first step or silently
         unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
-        from .refattn import is_reference
-
-        if is_reference(unit):  # no model: the extension's model "None" (the picture guides the UNet itself)
+        if unit.preprocessor in REFERENCE:  # no model: the extension's model "None" (the picture guides the UNet itself)
             if unit.net not in (None, "None", "none", ""):
                 raise InputError(f"{where}: {unit.preprocessor} uses no ControlNet model, and {unit.net!s:.60} was "
                                  "given", where=where, fix="pass the net as None")

@@ -188,6 +188,8 @@ class ToolboxMixin:
             units.append(s.control_image)
         for unit in units:
             unit.detected, unit.region = None, region
+        for unit in s.toolbox.references:  # their pictures' latents (sdrt.pipelines.refattn), made anew each run
+            unit.origin = {}
 
     def _zero_residuals(self, s: Settings) -> list[cn.ControlNet]:
         """A UNet exported with ControlNet inputs and no ControlNet asked for: the folder's first net at scale 0,

@@ -37,13 +37,14 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..errors import InputError
+from .controlnet import CONTROL_MODES, REFERENCE
 
 if TYPE_CHECKING:  # pragma: no cover
     from .controlnet import ControlNet, ControlState
     from .parts import Part
 
 #: the extension's reference modules (``model: "None"``); the ones sdrt runs
-MODULES = ("reference_only", "reference_adain", "reference_adain+attn")
+MODULES = REFERENCE
 RUNS = MODULES
 #: the families whose UNet has the extension's transformer blocks
 FAMILIES = ("sd1", "sdxl")
@@ -57,8 +58,6 @@ def is_reference(unit: Any) -> bool:
 
 def fidelity(unit: ControlNet, family: str, hires: bool) -> float:
     """The extension's ``current_style_fidelity`` of a unit."""
-    from .controlnet import CONTROL_MODES
-
     sf = min(max(float(FIDELITY if unit.low is None else unit.low), 0.0), 1.0)
     if family == "sdxl":  # "sdxl's attention hacking is highly unstable": 0.5 ** 3 = 0.125 by default
         sf = sf ** 3.0
@@ -170,7 +169,6 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
     residuals = residual_inputs(part)
     noise = noise_source(pipe, generator)
     attn_units = [u for u in units if u.preprocessor in ATTN]
-    gn_units = [u for u in units if u.preprocessor in ADAIN]
     zeros: dict[tuple[Any, ...], np.ndarray] = {}
 
     def zero(shape: tuple[int, ...]) -> np.ndarray:
@@ -258,10 +256,13 @@ def latent(pipe: Any, unit: ControlNet, width: int, height: int, k: int) -> np.n
     from .reference import MEAN
 
     key = ("reference", width, height)
-    if key not in unit.origin:
-        pixels = pipe._control_tensor(unit, width, height, k)  # [1, 3, H, W] in [0, 1]
-        unit.origin[key] = pipe._encode_image(pixels * np.float32(2.0) - np.float32(1.0), MEAN).astype(np.float32)
-    return unit.origin[key]
+    if key in unit.origin and not pipe._dry:
+        return unit.origin[key]
+    pixels = pipe._control_tensor(unit, width, height, k)  # [1, 3, H, W] in [0, 1]
+    got = pipe._encode_image(pixels * np.float32(2.0) - np.float32(1.0), MEAN).astype(np.float32)
+    if not pipe._dry:  # the plan's dry run encodes to zeros: never kept for the run
+        unit.origin[key] = got
+    return got
 
 
 def noise_source(pipe: Any, generator: Any) -> Any:
