@@ -43,6 +43,8 @@ openpose_face           - (body and ``facenet.pth``)                 padded to 6
 openpose_faceonly       - (body and ``facenet.pth``; face drawn)     padded to 64        openposeface, openposeparts
 openpose_full           - (body, hand and face ``.pth`` files)       padded to 64        openposeparts
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the

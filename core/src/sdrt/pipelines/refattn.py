@@ -1,24 +1,28 @@
-"""sd-webui-controlnet's ``reference_only``: a picture guides the UNet through its own self-attention, no model file.
+"""sd-webui-controlnet's reference modules: a picture guides the UNet through its own statistics, no model file.
 
 ``pipe.generate(prompt, controlnets=[ControlNet(None, picture, preprocessor="reference_only", scale=1.0, low=0.5)])``
 (the extension's unit with ``model: "None"``; ``low`` is its ``threshold_a``, "Style Fidelity (only for Balanced
-mode)", 0.5 unless given). Per UNet call of a step the unit is on at (its window and hires option, as a
-ControlNet unit's), as the extension's ``UnetHook.forward`` does it:
+mode)", 0.5 unless given; ``reference_adain`` and ``reference_adain+attn`` alike). Per UNet call of a step the unit
+is on at (its window and hires option, as a ControlNet unit's), as the extension's ``UnetHook.forward`` does it:
 
 1. the picture, resized to the pass's size with the unit's resize mode, is VAE-encoded once per size (the latent
    distribution's mean; the extension samples it with torch's global generator) and noised to the call's
    timestep, rounded: ``sqrt(a_t) latent + sqrt(1 - a_t) noise`` (``ref_xt``), one noise row per row of the call;
 2. the *write* pass: the UNet on ``ref_xt`` with the call's timestep, text and extra inputs (no ControlNet
-   residuals: the extension runs the UNet's own forward) keeps each self-attention layer's normalized input;
+   residuals: the extension runs the UNet's own forward) keeps each self-attention layer's normalized input
+   (``reference_only``, ``reference_adain+attn``) and the mean and variance of the wrapped blocks' outputs
+   (``reference_adain``, ``reference_adain+attn``);
 3. the *read* pass, the call itself: each layer whose threshold the unit's weight passes attends to
-   ``[its own tokens, the bank]`` (:mod:`sdrt.checkpoint.refattention`), the unconditional rows mixed with their
-   plain self-attention: ``fidelity * plain + (1 - fidelity) * banked``.
+   ``[its own tokens, the bank]``, and each such block's output is renormalized to the written statistics
+   (:mod:`sdrt.checkpoint.refattention`), the unconditional rows mixed with their plain result:
+   ``fidelity * plain + (1 - fidelity) * guided``.
 
 The weight picks the layers: the extension sorts the transformer blocks by width, widest first (in its module
 order: input, middle, output blocks), gives block ``i`` of ``n`` the threshold ``i / n``, and a unit writes to the
-blocks whose threshold is below its weight (1: all of them; 0.5: the wider half). The style fidelity is the
-slider's, clamped to 0..1; cubed on SDXL; 1 with "ControlNet is more important"; 0 with "My prompt is more
-important" and in the hires fix's second pass. Several units write into the same banks (concatenated), their
+blocks whose threshold is below its weight (1: all of them; 0.5: the wider half); the AdaIN blocks have thresholds
+of their own (:func:`sdrt.checkpoint.refattention.gn_blocks`). The style fidelity is the slider's, clamped to
+0..1; cubed on SDXL; 1 with "ControlNet is more important"; 0 with "My prompt is more important" and in the hires
+fix's second pass. Several units write into the same banks (concatenated; the statistics averaged), their
 fidelities averaged per layer.
 
 The noise: the extension draws it with ``torch.randn_like`` from torch's global generator (A1111 seeds it with the
