@@ -177,8 +177,9 @@ class AdaIN:
 
 def gn_modules(unet) -> list[tuple[str, float]]:
     """The diffusers modules whose outputs are the LDM blocks the extension wraps, with its gn_weight (times 2):
-    the middle block; the resnet / attention pairs of every down level but the first; every up level but the last
-    (its last pair's output is the upsampler's)."""
+    the middle block; the resnet / attention pairs of every down level but the first; the first two thirds of the
+    output blocks (a level's last pair's output is its upsampler's): the extension's SD 1.x input blocks 4, 5, 7, 8,
+    10, 11 and output blocks 0 to 7 of 12, SDXL's 4, 5, 7, 8 and 0 to 5 of 9."""
     inputs, outputs = [], []
     for b, block in enumerate(unet.down_blocks):
         if b == 0:
@@ -186,12 +187,13 @@ def gn_modules(unet) -> list[tuple[str, float]]:
         for j in range(len(block.resnets)):
             has_attn = getattr(block, "attentions", None) is not None and j < len(block.attentions)
             inputs.append(f"down_blocks.{b}.{'attentions' if has_attn else 'resnets'}.{j}")
-    for b, block in enumerate(unet.up_blocks[:-1]):
+    for b, block in enumerate(unet.up_blocks):
         for j in range(len(block.resnets)):
             has_attn = getattr(block, "attentions", None) is not None and j < len(block.attentions)
             last = j == len(block.resnets) - 1 and block.upsamplers is not None
             outputs.append(f"up_blocks.{b}.upsamplers.0" if last else
                            f"up_blocks.{b}.{'attentions' if has_attn else 'resnets'}.{j}")
+    outputs = outputs[: 2 * len(outputs) // 3]
     mods = [("mid_block", 0.0)]
     mods += [(n, 2 * (1.0 - w / len(inputs))) for w, n in enumerate(inputs)]
     mods += [(n, 2 * (w / len(outputs))) for w, n in enumerate(outputs)]

@@ -111,3 +111,35 @@ def test_reference_units_on_the_cli(tmp_path):
                  "--control-preprocessor", "reference_only", "--control-scale", "0.6", "--control-threshold-a", "0",
                  "--backend", "reference", "-o", str(out)]) == 0
     assert_matches_diffusers([np.asarray(Image.open(out).convert("RGB"))], REFS[case["name"]])
+
+
+def test_the_extensions_layers_on_sdrts_shipped_graphs():
+    """sdrt's shipped single-file UNet graphs (the dynamo exporter: layers named by initializer only) get every
+    self-attention layer and exactly the LDM blocks the extension wraps: SD 1.x's middle block, input blocks 4, 5,
+    7, 8, 10, 11 and output blocks 0 to 7; SDXL's middle block, input blocks 4, 5, 7, 8 and output blocks 0 to 5."""
+    import onnx
+
+    from sdrt.checkpoint import graphs
+    from sdrt.checkpoint.refattention import adain_graph, gn_blocks, reference_graph, self_layers
+
+    sd1_in = ["down_blocks.1.attentions.0", "down_blocks.1.attentions.1", "down_blocks.2.attentions.0",
+              "down_blocks.2.attentions.1", "down_blocks.3.resnets.0", "down_blocks.3.resnets.1"]
+    sd1_out = ["up_blocks.0.resnets.0", "up_blocks.0.resnets.1", "up_blocks.0.upsamplers.0", "up_blocks.1.attentions.0",
+               "up_blocks.1.attentions.1", "up_blocks.1.upsamplers.0", "up_blocks.2.attentions.0",
+               "up_blocks.2.attentions.1"]
+    xl_in = sd1_in[:4]
+    xl_out = ["up_blocks.0.attentions.0", "up_blocks.0.attentions.1", "up_blocks.0.upsamplers.0",
+              "up_blocks.1.attentions.0", "up_blocks.1.attentions.1", "up_blocks.1.upsamplers.0"]
+    for name, attn, inputs, outputs in (("sd1_unet", 16, sd1_in, sd1_out), ("sdxl_unet", 70, xl_in, xl_out)):
+        model = onnx.load(str(graphs.shipped_graph(name)), load_external_data=False)
+        assert len(self_layers(model)) == attn
+        want = [("mid_block.resnets.1", 0.0)]
+        want += [(p, 2 * (1 - w / len(inputs))) for w, p in enumerate(inputs)]
+        want += [(p, 2 * w / len(outputs)) for w, p in enumerate(outputs)]
+        got = gn_blocks(model)
+        assert [p for p, _, _, _ in got] == [p for p, _ in want]
+        assert [t for _, _, t, _ in got] == pytest.approx([t for _, t in want])
+        model = adain_graph(reference_graph(model, lambda width: 8 if name == "sd1_unet" else width // 64, name), name)
+        names = {i.name for i in model.graph.input}
+        assert {f"ref_bank_in_{2 * k}" for k in range(attn)} <= names
+        assert {f"ref_gn_mix_{i}" for i in range(len(want))} <= names
