@@ -139,7 +139,8 @@ def test_the_extensions_layers_on_sdrts_shipped_graphs():
         got = gn_blocks(model)
         assert [p for p, _, _, _ in got] == [p for p, _ in want]
         assert [t for _, _, t, _ in got] == pytest.approx([t for _, t in want])
-        model = adain_graph(reference_graph(model, lambda width: 8 if name == "sd1_unet" else width // 64, name), name)
+        heads = (lambda width: 8) if name == "sd1_unet" else (lambda width: width // 64)
+        model = adain_graph(reference_graph(model, heads, name), name)
         names = {i.name for i in model.graph.input}
         assert {f"ref_bank_in_{2 * k}" for k in range(attn)} <= names
         assert {f"ref_gn_mix_{i}" for i in range(len(want))} <= names
