@@ -83,6 +83,12 @@ def test_reference_only_infotext_and_errors():
         assert got.settings[0]["ControlNet 0"] == (
             "Module: reference_only, Model: None, Weight: 1, Resize Mode: Crop and Resize, Processor Res: 64, "
             "Threshold A: 0.5, Guidance Start: 0, Guidance End: 1, Pixel Perfect: False, Control Mode: Balanced")
+        plan = pipe.plan(case["prompt"], case["negative_prompt"], steps=4, cfg=7.0, sampler="Euler", width=64,
+                         height=64, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
+                                                            end=0.5)])
+        calls = {p.part: p.calls for p in plan.parts}
+        assert calls["unet"] == 4 + 2 and calls["vae_encoder"] == 1  # a write pass on each of the 2 steps it is on
+        assert any(n.startswith("controlnet 0: reference_only (no net") for n in plan.notes)
         with pytest.raises(InputError, match=r"controlnets\[0\] low.*style fidelity.*from 0 to 1"):
             generate(pipe, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
                                                          low=1.5)])
