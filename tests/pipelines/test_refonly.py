@@ -92,6 +92,8 @@ def test_reference_only_infotext_and_errors():
         with pytest.raises(InputError, match=r"controlnets\[0\] low.*style fidelity.*from 0 to 1"):
             generate(pipe, case, controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
                                                          low=1.5)])
+        with pytest.raises(InputError, match="guess_mode.*reference units"):
+            generate(pipe, case, controlnets=units(case), guess_mode=True)
         with pytest.raises(InputError, match="uses no ControlNet model"):
             generate(pipe, case, controlnets=[ControlNet("controlnet", REFS["picture0"],
                                                          preprocessor="reference_only")])

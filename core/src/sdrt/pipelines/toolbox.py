@@ -105,6 +105,9 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         for u in tb.references:
             u.guess_mode = False  # diffusers' guess mode scales residuals, which a reference unit has none of
         tb.controlnets = [u for u in tb.controlnets if not is_reference(u)]
+        if guess and not tb.controlnets:
+            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
+                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
     rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
     rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
