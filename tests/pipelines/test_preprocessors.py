@@ -106,8 +106,10 @@ def test_the_references_cover_every_new_preprocessor() -> None:
     # dw_openpose_full runs a model: its references are tests/data/control/dwpose_refs.npz (test_dwpose.py)
     # inpaint / inpaint_only make the RGBA hint of the inpaint net: tests/pipelines/test_inpaint_controlnet.py
     # tile_colorfix / +sharp: the image as it is, and a colour fix while sampling: tests/pipelines/test_colorfix.py
+    # the reference modules make no map (the picture as it is guides the UNet): tests/pipelines/test_refonly.py
     new = set(NAMES) - {"none", "canny", "scribble", "threshold", "invert", "inpaint", "inpaint_only",
-                        "tile_colorfix", "tile_colorfix+sharp"} - set(WITH_MODELS)
+                        "tile_colorfix", "tile_colorfix+sharp", "reference_only", "reference_adain",
+                        "reference_adain+attn"} - set(WITH_MODELS)
     assert {c.split("/")[0] for c in MAPS} == new
     # the cases exercise what they are meant to: a thick stroke whose XDoG difference wraps past 255 in the
     # extension's uint8 product, a lineart median from real strokes and one with none above 8 (divisor 16)

@@ -327,7 +327,8 @@ def test_controlnet_routes(cn_server) -> None:
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "animal_openpose", "inpaint", "inpaint_only", "tile_colorfix",
-                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++"]
+                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "reference_only",
+                                    "reference_adain", "reference_adain+attn"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -481,7 +482,7 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
                         preprocess(photo, "tile_resample", 1.0))):
         r = post(body)
         assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), body
-    for body, field, words in (({"controlnet_module": "reference_only"}, "controlnet_module", "attention hooks"),):
+    for body, field, words in (({"controlnet_module": "inpaint_only+lama"}, "controlnet_module", "the LaMa model"),):
         r = post(body)
         assert r.status_code == 400 and r.json()["field"] == field and words in r.json()["message"], r.text
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
@@ -603,3 +604,43 @@ def test_webuiapi_detect_with_its_default_sliders(cn_server, module) -> None:
         res = 512 if module in ("lineart_standard", "shuffle") or (sliders and sliders[0] is not None) else None
         want = preprocess(photo, module, a, None, res)
         assert np.array_equal(np.asarray(detected.image.convert("RGB")), want)
+
+
+def test_reference_only_unit_without_a_model_runs_as_the_python_api(cn_server, pipe) -> None:
+    """The extension's reference units (``model: "None"``, Style Fidelity as threshold_a) are the Python API's
+    ``ControlNet(None, picture, preprocessor="reference_only")`` (``reference_adain+attn``) with the extension's
+    window; listed model-free with their slider."""
+    photo = _photo(64, 64)
+    unit = {"image": _b64(photo), "module": "reference_only", "model": "None", "weight": 0.8, "threshold_a": 0.3,
+            "guidance_end": 0.8, "control_mode": 0}
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}))
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert info["sdrt_not_honoured"] == [] and info["sdrt_ignored_fields"] == []
+    want = _python(pipe, [ControlNet(None, photo, 0.8, 0.0, 0.8, "reference_only", low=0.3, window="a1111")])
+    assert np.array_equal(_rgb(r.json()["images"][0]), want)
+    assert 'ControlNet 0: "Module: reference_only, Model: None, Weight: 0.8, Resize Mode: Crop and Resize, ' \
+           'Processor Res: 64, Threshold A: 0.3, Guidance Start: 0, Guidance End: 0.8' in info["infotexts"][0]
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
+        dict(unit, model="tiny_scribble", threshold_a=-1)]}}))  # -1: the slider's default, 0.5
+    assert r.status_code == 200, r.text
+    info = json.loads(r.json()["info"])
+    assert "uses no ControlNet model; 'tiny_scribble' was not used" in info["sdrt_not_honoured"][0]
+    assert "Threshold A: 0.5" in info["infotexts"][0]
+    detect = requests.post(f"{cn_server}/controlnet/detect", json={"controlnet_module": "reference_only",
+                                                                   "controlnet_input_images": [_b64(photo)]},
+                           timeout=60)  # the extension's identity: the picture as it is
+    assert detect.status_code == 200 and np.array_equal(_rgb(detect.json()["images"][0]), photo), detect.text
+    detail = requests.get(f"{cn_server}/controlnet/module_list", timeout=60).json()["module_detail"]
+    assert detail["reference_only"] == {"model_free": True, "sliders": [None, {
+        "name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0, "step": 0.01}]}
+    assert detail["canny"]["model_free"] is False
+    adain = dict(unit, module="reference_adain+attn", weight=1.5)
+    r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [adain]}}))
+    want = _python(pipe, [ControlNet(None, photo, 1.5, 0.0, 0.8, "reference_adain+attn", low=0.3, window="a1111")])
+    assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), r.text
+    for bad, field, words in ((dict(unit, threshold_a=1.5), "threshold_a", "the style fidelity, must be at most 1"),
+                              (dict(adain, threshold_a=2), "threshold_a", "the style fidelity, must be at most 1")):
+        r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [bad]}}))
+        assert r.status_code == 400 and r.json()["field"] == f"alwayson_scripts.controlnet.args[0].{field}", r.text
+        assert words in r.json()["message"]

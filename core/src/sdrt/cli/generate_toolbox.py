@@ -48,7 +48,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    choices=[*PREPROCESSORS, "inpaint_global_harmonious", "inpaint_only+lama"],
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
-                   "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models")
+                   "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models; "
+                   "reference_only, reference_adain, reference_adain+attn make no map and need no --controlnet: the "
+                   "picture guides the UNet itself (--control-threshold-a: the style fidelity)")
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
                         "yolox_l.onnx and dw-ll_ucoco_384.onnx; animal_openpose: yolox_l.onnx and "
@@ -335,6 +337,11 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                  fix="pass --inpaint-area only-masked (with --mask), or leave --control-inpaint-crop "
                                      "out")
         pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
+        if not args.controlnet:  # a reference unit (reference_only, ...) reads no net: the folder's own go to the others
+            from ..pipelines.refattn import MODULES as REFERENCE
+
+            own = iter(["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)])
+            nets = [None if pre in REFERENCE else next(own) for pre in pres]
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
         from ..pipelines.inpaintcn import ALIASES, LAMA

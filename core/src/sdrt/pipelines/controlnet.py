@@ -60,6 +60,8 @@ COLORFIX_NAMES = ("tile_colorfix", "tile_colorfix+sharp")  #: sdrt.pipelines.col
 #: True while a run plan runs the pipeline dry (sdrt.pipelines.plan.dry_run): a model-backed preprocessor's map is
 #: then zeros of the size it would have, and its network neither compiles nor runs
 PLANNING: ContextVar[bool] = ContextVar("sdrt_controlnet_planning", default=False)
+#: the reference modules: no net, the picture guides the UNet itself (sdrt.pipelines.refattn)
+REFERENCE = ("reference_only", "reference_adain", "reference_adain+attn")
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -336,7 +338,12 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         # each preprocessor's thresholds against its sliders (sdrt.pipelines.preprocessors.SPECS): a level it cannot
         # use, or one it does not read (none, invert), is refused now rather than at the first step or silently
         unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
-        if not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
+        if unit.preprocessor in REFERENCE:  # no model: the extension's model "None" (the picture guides the UNet itself)
+            if unit.net not in (None, "None", "none", ""):
+                raise InputError(f"{where}: {unit.preprocessor} uses no ControlNet model, and {unit.net!s:.60} was "
+                                 "given", where=where, fix="pass the net as None")
+            unit.net = None
+        elif not isinstance(unit.net, (str, os.PathLike, OpenedControlNet)):
             raise InputError(f"{where}: the net must be a folder, a model.onnx or .safetensors path or a part name, "
                              f"got {type(unit.net).__name__}", where=where,
                              fix="pass e.g. \"controlnet\", a folder path or control_v11p_sd15_canny.safetensors")

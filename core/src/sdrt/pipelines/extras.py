@@ -161,9 +161,17 @@ class ToolboxMixin:
         if units and family not in ipa.FAMILIES:
             raise InputError(f"IP-Adapter is not supported for {self.family.label}",  # type: ignore[attr-defined]
                              where="ip_adapter", fix="use an SD 1.x, SD 2.x or SDXL model, or leave {@ip_adapter} out")
+        refs = s.toolbox.references
+        if refs:  # reference_only (sdrt.pipelines.refattn): checked against the model before any graph is edited
+            from . import refattn
+
+            slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
+            refattn.check(self, refs, [f"controlnets[{slots[id(u)]}]" for u in refs])
         if family in ipa.FAMILIES:
+            from .refattn import graph_kinds, use_graph
+
             heads = ipa.heads_for(self.folder.configs, family, self.family.denoiser_part)  # type: ignore[attr-defined]
-            ipa.use_ip_attention(self.denoiser, len(units), heads)  # type: ignore[attr-defined]
+            use_graph(self.denoiser, len(units), heads, *graph_kinds(refs))  # type: ignore[attr-defined]
 
     def _ip_conditioning(self, s: Settings, cond: Any, uncond: Any) -> tuple[Any, Any]:
         """The job's conditionings with the IP-Adapters' image inputs (sdrt.pipelines.ipadapter), or as they are."""
@@ -188,11 +196,13 @@ class ToolboxMixin:
 
         paste = getattr(self, "_paste", None)
         region = paste if s.inpaint_area == ONLY_MASKED and isinstance(paste, Paste) else None
-        units = list(s.toolbox.controlnets)
+        units = list(s.toolbox.controlnets) + list(s.toolbox.references)
         if isinstance(s.control_image, cn.ControlNet):  # a Flux.1 Canny/Depth model's, from --control-image
             units.append(s.control_image)
         for unit in units:
             unit.detected, unit.region = None, region
+        for unit in s.toolbox.references:  # their pictures' latents (sdrt.pipelines.refattn), made anew each run
+            unit.origin = {}
 
     def _zero_residuals(self, s: Settings) -> list[cn.ControlNet]:
         """A UNet exported with ControlNet inputs and no ControlNet asked for: the folder's first net at scale 0,
@@ -427,6 +437,18 @@ class ToolboxMixin:
             gate = window_hook(preps, self.denoiser, state)  # type: ignore[attr-defined]
             if gate is not None:
                 call.hooks.append(gate)
+        refs = s.toolbox.references
+        if refs:  # reference_only: the write pass, then the banks of the call (sdrt.pipelines.refattn), last
+            from .refattn import hook
+
+            hires = (width, height) != (s.width, s.height) if second is None else second
+            if state is None:
+                state = cn.ControlState()
+            state.hires_pass = hires if s.toolbox.hires is not None else None
+            call.hooks.append(hook(self, refs, self.denoiser, state,  # type: ignore[attr-defined]
+                                   getattr(self, "_ref_generator", None), width=width, height=height,
+                                   batch=call.batch, hires=bool(hires),
+                                   sample_name=self.family.sample_input))  # type: ignore[attr-defined]
         return state
 
     def _control_nets(self, s: Settings, call: Any, width: int, height: int,
@@ -574,6 +596,7 @@ class ToolboxMixin:
         x2 = loop.start(noise, latents)
         call = ModelCall(tw, th, s.batch, s.cfg, cond, uncond, guidance=s.guidance,  # Flux dev: its distilled guidance
                          guidance_rescale=s.guidance_rescale)
+        self._ref_generator = generator  # the reference units' noise (sdrt.pipelines.refattn)
         state = self._control(s, call, tw, th, second=True)
         model = self.family.denoiser(self._model_part(), ms, call)  # type: ignore[attr-defined]
         if refiner is not None:
@@ -603,12 +626,13 @@ class ToolboxMixin:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt, title(other)))
             else:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
-        if tb.controlnets:
-            info.update(cn.infotext(tb.controlnets, s.width or 0, s.height or 0))
+        units = tb.units if tb.references else tb.controlnets  # reference units where they were given
+        if units:
+            info.update(cn.infotext(units, s.width or 0, s.height or 0))
         if tb.ip_adapter:  # the extension's IP-Adapter units, after the ControlNet ones
             from .ipadapter import infotext as ip_infotext
 
-            info.update(ip_infotext(tb.ip_adapter, self.family.name, len(tb.controlnets)))  # type: ignore[attr-defined]
+            info.update(ip_infotext(tb.ip_adapter, self.family.name, len(units)))  # type: ignore[attr-defined]
         if tb.refiner is not None:  # after the hires fields, as A1111 adds them when the refiner swaps in
             from .refiner import infotext
 

@@ -1277,6 +1277,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             call.edit, call.image_cfg = edit, float(s.image_cfg or 0)
             call.edit_guidance = guidance(s.cfg, call.image_cfg, s.strength_rule)
+        self._ref_generator = generator  # the reference units' noise (sdrt.pipelines.refattn)
         control = self._control(s, call, s.width, s.height, second=False)  # ControlNet residuals as more UNet inputs
         model = self.family.denoiser(self._model_part(), ms, call)
         refiner = None

@@ -367,6 +367,10 @@ def _notes(s: Any) -> list[str]:
                      + (f" at {u.made_at}" + (" (pixel perfect)" if u.pixel_perfect else "") if u.made_at else "")
                      + (", guess mode" if u.guess_mode else f", mode {u.control_mode}" if u.control_mode != "Balanced"
                         else ""))
+    for u in (tb.references if tb is not None else []):  # sdrt.pipelines.refattn: a write pass a step
+        k = next(j for j, v in enumerate(tb.units) if v is u)
+        notes.append(f"controlnet {k}: {u.preprocessor} (no net: the picture's latent runs the UNet once more on each "
+                     f"step it is on), weight {u.scale:g}, steps {u.start:g}-{u.end:g}")
     refs = getattr(s, "reference_images", None)
     if refs:  # FLUX.1 Kontext: their tokens ride along in every transformer call
         sizes = ", ".join(f"{im.shape[1]}x{im.shape[0]}" for im in refs)

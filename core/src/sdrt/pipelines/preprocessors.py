@@ -49,6 +49,9 @@ openpose_full           - (body, hand and face ``.pth`` files)       padded to 6
 depth_leres             Remove Near % 0 / Remove Background % 0      padded to 64        leresdepth
                         (0 to 100; ``res101.pth``: ``models``)
 depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
+reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -143,6 +146,8 @@ SPECS: dict[str, Spec] = {
     "openpose_full": Spec("pad", models=True),
     "depth_leres": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
+    # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
+    **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -211,7 +216,8 @@ def _what(name: str, k: int = 0) -> str:
             "threshold": "the threshold level", "normal_midas": "the normal background threshold",
             "softedge_teed": "TEED's safe steps", "softedge_anyline": "Anyline's safe steps",
             "tile_colorfix": "the colour fix's variation",
-            "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k]}.get(name, "the gamma correction")
+            "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k], "reference_only": "the style fidelity",
+            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:
@@ -686,7 +692,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = cm.threshold(rgb, int(lo))
     elif name == "invert":
         rgb = cm.invert(rgb)
-    elif name in ("tile_colorfix", "tile_colorfix+sharp"):  # the extension's identity (sdrt.pipelines.colorfix)
+    elif name in ("tile_colorfix", "tile_colorfix+sharp", "reference_only", "reference_adain", "reference_adain+attn"):
+        rgb = cm.to_rgb(rgb)  # the extension's identity (sdrt.pipelines.colorfix, sdrt.pipelines.refattn)
         rgb = cm.to_rgb(rgb)
     elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
         rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)

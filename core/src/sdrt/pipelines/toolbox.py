@@ -54,6 +54,10 @@ class Toolbox:
     ip_adapter: list[Any] = field(default_factory=list)
     #: the hires fix's second pass on another model (a path or a Pipeline; sdrt.pipelines.hiresmodel)
     hires_checkpoint: Any = None
+    #: the reference units (``reference_only``: sdrt.pipelines.refattn), taken out of ``controlnets``; ``units``:
+    #: every unit in the order given (the infotext numbers them so)
+    references: list[Any] = field(default_factory=list)
+    units: list[Any] = field(default_factory=list)
 
     @property
     def per_image(self) -> bool:
@@ -95,6 +99,17 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
                 raise InputError(f"controlnets[{k}] hr_option {unit.hr_option!r} picks a pass of the hires fix, and "
                                  "the run has no hires fix", where=f"controlnets[{k}] hr_option",
                                  fix="pass {@hires_scale} too, or leave hr_option 'Both'")
+    from .refattn import is_reference
+
+    tb.units = list(tb.controlnets)
+    tb.references = [u for u in tb.controlnets if is_reference(u)]
+    if tb.references:
+        for u in tb.references:
+            u.guess_mode = False  # diffusers' guess mode scales residuals, which a reference unit has none of
+        tb.controlnets = [u for u in tb.controlnets if not is_reference(u)]
+        if guess and not tb.controlnets:
+            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
+                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
     rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
     rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:

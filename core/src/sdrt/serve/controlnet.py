@@ -60,6 +60,9 @@ ALIASES["inpaint"] = "inpaint_global_harmonious"
 MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
 #: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
 MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
+#: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
+MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
+MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -103,6 +106,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     **{m: [_RES, {"name": "Remove Near %", "min": 0, "max": 100, "value": 0, "step": 0.1},
            {"name": "Remove Background %", "min": 0, "max": 100, "value": 0, "step": 0.1}]
        for m in ("depth_leres", "depth_leres++")},
+    **{m: [None, {"name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0,
+                  "step": 0.01}] for m in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -116,7 +121,7 @@ CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more 
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
 _NEEDS = (("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
-                   "it)"), ("reference", "reference-only attention hooks"),
+                   "it)"),
           ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
                          ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
@@ -153,7 +158,8 @@ def module_list(alias_names: bool) -> list[str]:
 
 
 def module_detail(alias_names: bool) -> dict[str, Any]:
-    return {ALIASES.get(m, m) if alias_names else m: {"model_free": False, "sliders": SLIDERS[m]} for m in MODULES}
+    return {ALIASES.get(m, m) if alias_names else m: {"model_free": m in MODEL_FREE, "sliders": SLIDERS[m]}
+            for m in MODULES}
 
 
 def module(value: Any, field: str) -> str:
@@ -538,7 +544,13 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         return get_bool({f(name): unit.get(name)}, f(name), default)
 
     pre = module(unit.get("module"), f("module"))
-    net = registry.controlnet(unit.get("model"), model, f("model"))
+    if pre in MODEL_FREE:  # the extension runs it without a model, whatever the unit's model says
+        if unit.get("model") not in (None, "", "None", "none"):
+            notes.append(f"{f('model')}: {pre} uses no ControlNet model; {str(unit.get('model'))[:60]!r} was not "
+                         "used (the extension's model \"None\")")
+        net = None
+    else:
+        net = registry.controlnet(unit.get("model"), model, f("model"))
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, mask = _image(unit.get(image_key), f(image_key), max_pixels)
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
@@ -553,7 +565,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
         # A1111's img2img: a unit without an image reads the init image (an inpaint unit: None, the pipeline gives it
         # the run's init image, mask and resize mode, as the extension's choose_input_image)
         image = None if inpaint else b64images.rgb_array(init_image)
-    control_mask, reads = None, _reads_mask(net)
+    control_mask, reads = None, net is not None and _reads_mask(net)
     if mask not in (None, ""):
         if reads or inpaint:  # alimama's SD3 inpainting net, the inpaint modules' map: white = repaint
             control_mask = b64images.mask_array(b64images.decode(mask, f("mask"), max_pixels))
@@ -582,7 +594,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
-    made = make(str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
+    made = make(None if net is None else str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=perfect, control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
