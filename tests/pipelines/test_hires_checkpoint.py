@@ -123,6 +123,39 @@ def test_low_memory_releases_the_first_model_before_the_second_runs() -> None:
         assert_matches_diffusers(gen.images, np.load(B / "hires_refs.npz")[case["name"]])
 
 
+def test_a_tight_budget_never_holds_both_models() -> None:
+    """Both models do not fit the budget (each alone does): the first model's parts go before the second's pass, and
+    the second's go once the picture is decoded (A1111 loads the first model back), so the next image's first pass
+    (batch_count) and the next job do not run beside the second model's sessions."""
+    from sdrt.pipelines import hiresmodel
+
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino", memory="4MB") as first:
+        seen: list[tuple[int, int, int]] = []
+
+        def sessions(p: pipelines.Pipeline) -> int:
+            return sum(len(part.sessions) for part in p._parts.values())
+
+        def callback(step: int, total: int, latents: np.ndarray) -> None:
+            seen.append((step, sessions(first), sessions(first._hires_job)))
+
+        gen = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, callback=callback,
+                             batch_count=2, **_kwargs(case))
+        second = first._hires_job
+        assert hiresmodel.tight(first, second) and not first.is_low_memory and not second.is_low_memory
+        assert_matches_diffusers(gen.images[:1], np.load(B / "hires_refs.npz")[case["name"]])
+        first_pass = [(a, b) for step, a, b in seen if step <= case["steps"]]
+        assert len(first_pass) == 2 * case["steps"] and all(a > 0 and b == 0 for a, b in first_pass), seen
+        assert sessions(second) == 0
+        from sdrt.errors import Interrupted
+
+        with pytest.raises(Interrupted):  # stopped in the second pass: its model goes as well
+            first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case),
+                           callback=lambda step, total, lat: step <= case["steps"])
+        assert sessions(second) == 0
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     ({"hires_checkpoint": B}, "hires_checkpoint needs hires_scale"),
     ({"hires_scale": 2, "hires_checkpoint": DATA / "nope.safetensors"}, "hires checkpoint .*nope.safetensors.* does "

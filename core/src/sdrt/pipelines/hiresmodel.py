@@ -23,7 +23,8 @@ fix's (:mod:`.hires`): only the model changes. What it must be:
 Memory: when the two models do not both fit (either runs in low-memory mode, or their files together take more
 than the memory budget allows: ``memory=``, else half the device's memory, :func:`sdrt.pipelines.lowmem.auto_low_memory`),
 the first model's parts are released before the second's load, as A1111 unloads one checkpoint to load the other;
-they load again at the next run's first pass.
+the second's go once its VAE has decoded (or the pass stopped), as A1111 loads the first back; each loads again at its
+next pass.
 
 Not with a refiner, nor with ControlNet units or IP-Adapters acting in the second pass (they are bound to the first
 model's UNet): each is refused in one line.
@@ -261,7 +262,8 @@ def _model_size(p: Pipeline) -> int:
 
 
 def release_first(pipe: Pipeline) -> None:
-    """The first model's parts closed, their weights dropped (they load again at the next run's first pass)."""
+    """The first model's parts closed, their weights dropped (they load again at the next run's first pass); the
+    second model's likewise once its pass is over when both do not fit (A1111 loads the first model back then)."""
     from .lowmem import give_back, release
 
     keep = pipe._weight_state._originals if pipe._weight_state is not None else {}
@@ -275,9 +277,7 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
     VAE, resized and encoded by the second's; the hires prompts encoded by its text encoders; its loop at the target
     size over the hires fix's steps, from a fresh noise stream of each image's seed. Returns the latents, which the
     second model's VAE decodes (``pipe._hires_decoder``)."""
-    from .families import ModelCall
-    from .hires import crop_latent, second_pass_steps, upscale_image, upscale_latent
-    from .images import to_nchw
+    from .hires import second_pass_steps, upscale_image
 
     hr = s.toolbox.hires
     assert s.width is not None and s.height is not None
@@ -298,9 +298,29 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
                 up.close()
         else:
             big = [upscale_image(im, uw, uh, hr.upscaler) for im in images]
-    if tight(pipe, other):  # A1111 unloads the first checkpoint to load the second
+    pipe._hires_tight = tight(pipe, other)
+    if pipe._hires_tight:  # A1111 unloads the first checkpoint to load the second
         release_first(pipe)
     pipe._hires_decoder = other  # from here the second model's VAE decodes (an interrupted run's partial too)
+    try:
+        return _second_pass(pipe, other, s, s2, x, big, seed, subseed, on_step, offset, (uw, uh), total_steps - run)
+    except BaseException:  # stopped or refused: the second model goes too, as A1111 loads the first one back
+        if pipe._hires_tight:
+            release_first(other)
+        raise
+
+
+def _second_pass(pipe: Pipeline, other: Pipeline, s: Settings, s2: Settings, x: np.ndarray, big: Any, seed: int,
+                 subseed: int | None, on_step: Any, offset: int, upscaled: tuple[int, int], start: int) -> np.ndarray:
+    """:func:`second_pass` once the second model takes over: ``s2`` the pass's settings, ``big`` the upscaled
+    pictures (None: the latents are upscaled), ``start`` the step its loop starts at."""
+    from .families import ModelCall
+    from .hires import crop_latent, upscale_latent
+    from .images import to_nchw
+
+    hr = s.toolbox.hires
+    assert s.width is not None and s2.width is not None and s2.height is not None
+    tw, th, (uw, uh) = s2.width, s2.height, upscaled
     own = dataclasses.replace(s, prompt=s.prompt if hr.prompt is None else hr.prompt,
                               negative_prompt=s.negative_prompt if hr.negative_prompt is None else hr.negative_prompt)
     try:  # its own text encoders (A1111's hr_c / hr_uc, computed on the reloaded model)
@@ -315,7 +335,7 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
     shape = other.family.latent_shape(s.batch, th, tw)
     generator = pipe._noise(s2, shape, seed, subseed)
     ms = other.family.model_sampling(tw, th)
-    loop = other._loop(s2, ms, generator, seed, start=total_steps - run)
+    loop = other._loop(s2, ms, generator, seed, start=start)
     if big is None:
         latents = upscale_latent(x, hr, uh, uw)
     else:

@@ -1196,6 +1196,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         assert s.width is not None and s.height is not None
         self._current = self._denoised = None  # nothing of an earlier job's run is shown or given back
         self._hires_decoder = None  # a hires checkpoint's pipeline once its pass runs (sdrt.pipelines.hiresmodel)
+        self._hires_tight = False  # its pass released the first model's parts (hiresmodel.tight)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
         ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -1331,6 +1332,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             decoder = self._hires_decoder
         images = self._pasted(self._inpaint_blend(s, decoder._decode(x)))  # inpaint_only's blend (inpaintcn)
         decoder._release("vae_decoder", stage=True)
+        if self._hires_decoder is not None and self._hires_tight:  # both do not fit: the second model goes as well
+            from .hiresmodel import release_first  # (A1111 loads the first back), before the next image's first pass
+
+            release_first(self._hires_decoder)
         return images
 
     def _model_part(self) -> Any:
