@@ -175,6 +175,26 @@ def test_a_missing_checkpoint_lists_those_beside_it() -> None:
     assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize(("file", "words"), [
+    ("pipe-sd15/tinylora.safetensors", "looks like kohya LoRA"),
+    ("pipe-sd15/tinyemb.safetensors", "looks like textual-inversion embedding"),
+    ("sd1-ip2p/diffusers/vae/diffusion_pytorch_model.safetensors", "is a 4-channel VAE"),
+    ("sd1-ip2p/diffusers/vae", "the model folder lacks"),
+])
+def test_a_file_that_is_no_model_is_one_line_naming_hires_checkpoint(file: str, words: str) -> None:
+    """A LoRA, an embedding or a VAE given as the hires checkpoint: the loader's refusal names hires_checkpoint and
+    says to pass a whole model there (not the loader's advice for a first model: "pass this file with vae")."""
+    from sdrt.errors import SdrtError
+
+    first = _pipe(A, "openvino")
+    with pytest.raises(SdrtError, match=words) as exc:
+        first.generate("a cat", steps=2, sampler="Euler", seed=1, width=64, height=64, hires_scale=2, hires_steps=1,
+                       hires_checkpoint=DATA.parent / "ckpt" / file)
+    said = str(exc.value)
+    assert exc.value.where == "hires_checkpoint" and said.startswith("the hires checkpoint ") and "\n" not in said
+    assert "pass a whole model as hires_checkpoint" in said and "with vae" not in said and "set_loras" not in said
+
+
 def test_a_second_model_of_another_latent_space_is_refused() -> None:
     """SDXL's latents are not SD 1.x's: with a latent upscaler the second pass would read the wrong latents (A1111
     does not check); with an image upscaler its VAE encodes the picture again, so it runs."""

@@ -141,7 +141,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
             for old in cache.values():  # one second checkpoint held at a time, as A1111 holds one model
                 old.close()
             cache.clear()
-            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+            cache[key] = _load(load, spec, pipe)
         other = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the first's low-memory mode
             other.low_memory = pipe.low_memory
@@ -162,6 +162,22 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
             other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
+
+
+def _load(load: Any, spec: Any, pipe: Pipeline) -> Pipeline:
+    """``load(spec)`` on the first model's backend and device; a file that is no model (a LoRA, a VAE, an embedding)
+    or cannot be read is one line naming ``hires_checkpoint`` (the loader's own advice is for a first model)."""
+    from ..errors import FileChanged, ModelError, WeightsError
+
+    try:
+        return load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+    except FileChanged:
+        raise
+    except (ModelError, WeightsError) as exc:
+        fix = "pass a whole model as {@hires_checkpoint}: a checkpoint file (.safetensors) or a model folder"
+        what = exc.what.split(" (not a checkpoint: ")[0]  # how to pass a LoRA / an embedding to a first model
+        raise type(exc)(f"the hires checkpoint {os.fspath(spec)!r}: {what}", where="hires_checkpoint",
+                        fix=exc.fix if isinstance(exc, WeightsError) else fix) from None
 
 
 def check(pipe: Pipeline, other: Pipeline, s: Settings) -> None:
