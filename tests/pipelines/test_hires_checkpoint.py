@@ -207,6 +207,16 @@ def test_a_second_model_of_another_latent_space_is_refused() -> None:
     gen = first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", **kw)
     assert gen.images[0].shape == (128, 128, 3)
     assert gen.settings[0]["Hires checkpoint"].startswith("tiny-sdxl-dyn [")
+    from sdrt.pipelines.preview import project
+
+    shown: list[bool] = []
+
+    def callback(step: int, total: int, latents: np.ndarray) -> None:  # the second pass's previews are SDXL's
+        if step > 2:
+            shown.append(np.array_equal(first.preview(), project(first._current, "sdxl")))
+
+    first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", callback=callback, **kw)
+    assert shown == [True]
     for folder, words in (("tiny-sd15-inpaint", "is an inpainting model"),
                           ("tiny-sd2v", r"makes 64x64 images only .* the second pass is 128x128")):
         with pytest.raises(InputError, match=words):
