@@ -280,3 +280,18 @@ def test_a_prompt_lora_applies_to_the_second_model_too() -> None:
         assert not np.array_equal(tagged.images[0], alone.images[0])
         again = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
         assert not second.weights.loras and np.array_equal(again.images[0], plain.images[0])
+
+
+def test_the_first_models_embeddings_work_on_the_second() -> None:
+    """A1111 loads its embeddings folder for whichever checkpoint is loaded: a trigger word of an embedding added to
+    the first model is that embedding on a hires checkpoint given as a path too, not plain text there."""
+    emb = DATA.parent / "ckpt" / "pipe-sd15" / "tinyemb.safetensors"
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino") as first, pipelines.load(B, backend="openvino") as second:
+        first.add_embedding(emb)
+        got = first.generate("a tinyemb cat", case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        assert [e.name for e in first._hires_job.weights.embeddings] == ["tinyemb"]
+        second.add_embedding(emb)  # the second model with the embedding, as the caller would load it
+        want = first.generate("a tinyemb cat", case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert np.array_equal(got.images[0], want.images[0])

@@ -157,11 +157,30 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         return twin
     from ..text.loras import has_lora_tag
 
+    _share_embeddings(pipe, other)
     if other._weight_state is not None or has_lora_tag(*raw):  # its LoRAs are the prompt's, as the first model's
         if pipe._weight_state is not None and other.weights.lora_dir is None:  # found where the first model's are
             other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
+
+
+def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:
+    """The first model's textual-inversion embeddings on the second (A1111 loads its embeddings folder for whichever
+    model is loaded, so a trigger word in the hires prompt works on the hires checkpoint too); one of another
+    model's widths is skipped, as A1111 skips it (the word is then plain text there, as in A1111)."""
+    from ..errors import SdrtError
+
+    state = pipe._weight_state
+    if state is None or not state.embeddings:
+        return
+    have = {e.name.lower() for e in other._weight_state.embeddings} if other._weight_state is not None else set()
+    for emb in state.embeddings:
+        if emb.name.lower() not in have:
+            try:
+                other.weights.add_embeddings([emb])
+            except SdrtError:  # made for another model's text encoders
+                pass
 
 
 def _load(load: Any, spec: Any, pipe: Pipeline) -> Pipeline:
