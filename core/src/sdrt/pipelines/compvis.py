@@ -136,6 +136,15 @@ class UniPCCut(_SigmaCut):
         super().__init__(ms, sigmas, sampler, options, int(ts[t_enc]), first, last, seed=seed, generator=generator)
 
 
+def run_steps(ms: Any, choice: Any, length: int, start: int) -> int | None:
+    """The steps :func:`loop` runs for these arguments (DDIM and PLMS ``t_enc - 1``, UniPC ``t_enc``), or None when it
+    runs none of its own (the step callback's total)."""
+    if (choice.sampler, choice.schedule) not in SAMPLERS or not hasattr(ms, "ddim_alpha"):
+        return None
+    t_enc = length - start - 1
+    return t_enc if choice.sampler == "uni_pc" else max(t_enc - 1, 0)
+
+
 def loop(ms: Any, choice: Any, length: int, start: int, *, seed: int, generator: Any,
          where: str = "strength") -> Any:
     """A1111's loop for ``choice`` (a SamplerChoice) over a schedule of ``length`` run from ``start`` under an A1111

@@ -1289,7 +1289,15 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         first = loop.steps
         if control is not None:  # the window of step 0 is judged against the run's steps, as the later steps'
             control.total = first
-        total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
+        total = first
+        if s.toolbox.hires:  # the second pass's steps; A1111's DDIM, PLMS and UniPC run fewer (compvis.run_steps)
+            from .compvis import run_steps
+            from .scheduling import FolderSchedule
+
+            length, run = second_pass_steps(s.toolbox.hires, s.steps)
+            choice = s.toolbox.hires.choice((s.sampler, s.choice))
+            cut = run_steps(ms, choice, length, length - run) if isinstance(ms, FolderSchedule) else None
+            total += run if cut is None else cut
 
         def on_step(i: int, latents: np.ndarray) -> None:
             if i < first:
