@@ -149,3 +149,20 @@ def test_the_step_callbacks_total_counts_the_hires_steps_that_run(sampler: str, 
         pipe.generate("a cat", steps=4, sampler=sampler, seed=1, width=64, height=64, hires_scale=2, hires_steps=5,
                       hires_denoise=0.5, callback=lambda step, total, latents: seen.append((step, total)))
     assert seen == [(i, 4 + second) for i in range(1, 4 + second + 1)]
+
+
+def test_unipc_below_its_order_under_fixed_steps_asks_for_more_steps() -> None:
+    """Under A1111's fixed img2img steps UniPC's solver takes steps - 1 whatever the strength: the refusal asks for
+    more steps, not a higher strength (which changes nothing there)."""
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sd15-dyn", backend="openvino") as pipe:
+        image = np.zeros((64, 64, 3), np.uint8)
+        with pytest.raises(InputError, match=r"as 2 steps of its solver \(steps less one") as exc:
+            pipe.generate("a cat", steps=3, sampler="UniPC", seed=1, init_image=image, strength=0.9,
+                          strength_rule="a1111-fix-steps")
+        assert exc.value.where == "steps" and "steps=4 or more" in str(exc.value) and "\n" not in str(exc.value)
+        assert "raise strength" not in str(exc.value)
+        with pytest.raises(InputError, match="int\\(strength x steps\\)") as exc:  # the a1111 rule: the strength
+            pipe.generate("a cat", steps=20, sampler="UniPC", seed=1, init_image=image, strength=0.1,
+                          strength_rule="a1111")
+        assert exc.value.where == "strength"

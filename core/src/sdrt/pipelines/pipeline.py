@@ -524,7 +524,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from . import compvis  # A1111's DDIM and PLMS cut img2img their own way
 
             cut = compvis.loop(ms, s.choice, steps, start, seed=seed, generator=generator,
-                               where="hires_denoise" if hires_pass else "strength")
+                               where="hires_denoise" if hires_pass else "strength",
+                               fixed=not hires_pass and s.strength_rule == "a1111-fix-steps")
             if cut is not None:
                 return cut
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
