@@ -217,6 +217,10 @@ def test_a_second_model_of_another_latent_space_is_refused() -> None:
 
     first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", callback=callback, **kw)
     assert shown == [True]
+    shown.clear()  # a TAESD decoder for SD 1.x latents is not run on the SDXL pass's: the projection is shown there
+    first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", callback=callback,
+                   preview=DATA.parent / "preview" / "tiny-taesd" / "vae_decoder" / "model.onnx", **kw)
+    assert shown == [True]
     for folder, words in (("tiny-sd15-inpaint", "is an inpainting model"),
                           ("tiny-sd2v", r"makes 64x64 images only .* the second pass is 128x128")):
         with pytest.raises(InputError, match=words):
