@@ -137,3 +137,32 @@ def test_ddim_img2img_matches_diffusers_on_a1111s_timesteps() -> None:
                            sampler=case["sampler"], seed=case["seed"], init_image=ref["init_image"],
                            strength=case["strength"], strength_rule=case["rule"])
                 assert_matches_diffusers(got, ref[case["name"]])
+
+
+@pytest.mark.parametrize(("sampler", "second"), [("DDIM", 3), ("PLMS", 3), ("UniPC", 4), ("Euler", 5)])
+def test_the_step_callbacks_total_counts_the_hires_steps_that_run(sampler: str, second: int) -> None:
+    """A1111's DDIM and PLMS run hires_steps - 2 steps in the hires pass, its UniPC hires_steps - 1: the step
+    callback's total says so, and its last call is step total of total (it said 9 and stopped at 7)."""
+    register("openvino")
+    seen: list[tuple[int, int]] = []
+    with pipelines.load(DATA / "tiny-sd15-dyn", backend="openvino") as pipe:
+        pipe.generate("a cat", steps=4, sampler=sampler, seed=1, width=64, height=64, hires_scale=2, hires_steps=5,
+                      hires_denoise=0.5, callback=lambda step, total, latents: seen.append((step, total)))
+    assert seen == [(i, 4 + second) for i in range(1, 4 + second + 1)]
+
+
+def test_unipc_below_its_order_under_fixed_steps_asks_for_more_steps() -> None:
+    """Under A1111's fixed img2img steps UniPC's solver takes steps - 1 whatever the strength: the refusal asks for
+    more steps, not a higher strength (which changes nothing there)."""
+    register("openvino")
+    with pipelines.load(DATA / "tiny-sd15-dyn", backend="openvino") as pipe:
+        image = np.zeros((64, 64, 3), np.uint8)
+        with pytest.raises(InputError, match=r"as 2 steps of its solver \(steps less one") as exc:
+            pipe.generate("a cat", steps=3, sampler="UniPC", seed=1, init_image=image, strength=0.9,
+                          strength_rule="a1111-fix-steps")
+        assert exc.value.where == "steps" and "steps=4 or more" in str(exc.value) and "\n" not in str(exc.value)
+        assert "raise strength" not in str(exc.value)
+        with pytest.raises(InputError, match="int\\(strength x steps\\)") as exc:  # the a1111 rule: the strength
+            pipe.generate("a cat", steps=20, sampler="UniPC", seed=1, init_image=image, strength=0.1,
+                          strength_rule="a1111")
+        assert exc.value.where == "strength"

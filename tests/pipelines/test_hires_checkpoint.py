@@ -123,6 +123,39 @@ def test_low_memory_releases_the_first_model_before_the_second_runs() -> None:
         assert_matches_diffusers(gen.images, np.load(B / "hires_refs.npz")[case["name"]])
 
 
+def test_a_tight_budget_never_holds_both_models() -> None:
+    """Both models do not fit the budget (each alone does): the first model's parts go before the second's pass, and
+    the second's go once the picture is decoded (A1111 loads the first model back), so the next image's first pass
+    (batch_count) and the next job do not run beside the second model's sessions."""
+    from sdrt.pipelines import hiresmodel
+
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino", memory="4MB") as first:
+        seen: list[tuple[int, int, int]] = []
+
+        def sessions(p: pipelines.Pipeline) -> int:
+            return sum(len(part.sessions) for part in p._parts.values())
+
+        def callback(step: int, total: int, latents: np.ndarray) -> None:
+            seen.append((step, sessions(first), sessions(first._hires_job)))
+
+        gen = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, callback=callback,
+                             batch_count=2, **_kwargs(case))
+        second = first._hires_job
+        assert hiresmodel.tight(first, second) and not first.is_low_memory and not second.is_low_memory
+        assert_matches_diffusers(gen.images[:1], np.load(B / "hires_refs.npz")[case["name"]])
+        first_pass = [(a, b) for step, a, b in seen if step <= case["steps"]]
+        assert len(first_pass) == 2 * case["steps"] and all(a > 0 and b == 0 for a, b in first_pass), seen
+        assert sessions(second) == 0
+        from sdrt.errors import Interrupted
+
+        with pytest.raises(Interrupted):  # stopped in the second pass: its model goes as well
+            first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case),
+                           callback=lambda step, total, lat: step <= case["steps"])
+        assert sessions(second) == 0
+
+
 @pytest.mark.parametrize(("extra", "words"), [
     ({"hires_checkpoint": B}, "hires_checkpoint needs hires_scale"),
     ({"hires_scale": 2, "hires_checkpoint": DATA / "nope.safetensors"}, "hires checkpoint .*nope.safetensors.* does "
@@ -142,6 +175,26 @@ def test_a_missing_checkpoint_lists_those_beside_it() -> None:
     assert exc.value.where == "hires_checkpoint" and "\n" not in str(exc.value)
 
 
+@pytest.mark.parametrize(("file", "words"), [
+    ("pipe-sd15/tinylora.safetensors", "looks like kohya LoRA"),
+    ("pipe-sd15/tinyemb.safetensors", "looks like textual-inversion embedding"),
+    ("sd1-ip2p/diffusers/vae/diffusion_pytorch_model.safetensors", "is a 4-channel VAE"),
+    ("sd1-ip2p/diffusers/vae", "the model folder lacks"),
+])
+def test_a_file_that_is_no_model_is_one_line_naming_hires_checkpoint(file: str, words: str) -> None:
+    """A LoRA, an embedding or a VAE given as the hires checkpoint: the loader's refusal names hires_checkpoint and
+    says to pass a whole model there (not the loader's advice for a first model: "pass this file with vae")."""
+    from sdrt.errors import SdrtError
+
+    first = _pipe(A, "openvino")
+    with pytest.raises(SdrtError, match=words) as exc:
+        first.generate("a cat", steps=2, sampler="Euler", seed=1, width=64, height=64, hires_scale=2, hires_steps=1,
+                       hires_checkpoint=DATA.parent / "ckpt" / file)
+    said = str(exc.value)
+    assert exc.value.where == "hires_checkpoint" and said.startswith("the hires checkpoint ") and "\n" not in said
+    assert "pass a whole model as hires_checkpoint" in said and "with vae" not in said and "set_loras" not in said
+
+
 def test_a_second_model_of_another_latent_space_is_refused() -> None:
     """SDXL's latents are not SD 1.x's: with a latent upscaler the second pass would read the wrong latents (A1111
     does not check); with an image upscaler its VAE encodes the picture again, so it runs."""
@@ -154,6 +207,20 @@ def test_a_second_model_of_another_latent_space_is_refused() -> None:
     gen = first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", **kw)
     assert gen.images[0].shape == (128, 128, 3)
     assert gen.settings[0]["Hires checkpoint"].startswith("tiny-sdxl-dyn [")
+    from sdrt.pipelines.preview import project
+
+    shown: list[bool] = []
+
+    def callback(step: int, total: int, latents: np.ndarray) -> None:  # the second pass's previews are SDXL's
+        if step > 2:
+            shown.append(np.array_equal(first.preview(), project(first._current, "sdxl")))
+
+    first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", callback=callback, **kw)
+    assert shown == [True]
+    shown.clear()  # a TAESD decoder for SD 1.x latents is not run on the SDXL pass's: the projection is shown there
+    first.generate("a cat", hires_checkpoint=DATA / "tiny-sdxl-dyn", hires_upscaler="Lanczos", callback=callback,
+                   preview=DATA.parent / "preview" / "tiny-taesd" / "vae_decoder" / "model.onnx", **kw)
+    assert shown == [True]
     for folder, words in (("tiny-sd15-inpaint", "is an inpainting model"),
                           ("tiny-sd2v", r"makes 64x64 images only .* the second pass is 128x128")):
         with pytest.raises(InputError, match=words):
@@ -217,3 +284,18 @@ def test_a_prompt_lora_applies_to_the_second_model_too() -> None:
         assert not np.array_equal(tagged.images[0], alone.images[0])
         again = first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
         assert not second.weights.loras and np.array_equal(again.images[0], plain.images[0])
+
+
+def test_the_first_models_embeddings_work_on_the_second() -> None:
+    """A1111 loads its embeddings folder for whichever checkpoint is loaded: a trigger word of an embedding added to
+    the first model is that embedding on a hires checkpoint given as a path too, not plain text there."""
+    emb = DATA.parent / "ckpt" / "pipe-sd15" / "tinyemb.safetensors"
+    case = next(c for c in _cases() if c["name"] == "Latent/Euler")
+    register("openvino")
+    with pipelines.load(A, backend="openvino") as first, pipelines.load(B, backend="openvino") as second:
+        first.add_embedding(emb)
+        got = first.generate("a tinyemb cat", case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        assert [e.name for e in first._hires_job.weights.embeddings] == ["tinyemb"]
+        second.add_embedding(emb)  # the second model with the embedding, as the caller would load it
+        want = first.generate("a tinyemb cat", case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert np.array_equal(got.images[0], want.images[0])

@@ -136,10 +136,20 @@ class UniPCCut(_SigmaCut):
         super().__init__(ms, sigmas, sampler, options, int(ts[t_enc]), first, last, seed=seed, generator=generator)
 
 
+def run_steps(ms: Any, choice: Any, length: int, start: int) -> int | None:
+    """The steps :func:`loop` runs for these arguments (DDIM and PLMS ``t_enc - 1``, UniPC ``t_enc``), or None when it
+    runs none of its own (the step callback's total)."""
+    if (choice.sampler, choice.schedule) not in SAMPLERS or not hasattr(ms, "ddim_alpha"):
+        return None
+    t_enc = length - start - 1
+    return t_enc if choice.sampler == "uni_pc" else max(t_enc - 1, 0)
+
+
 def loop(ms: Any, choice: Any, length: int, start: int, *, seed: int, generator: Any,
-         where: str = "strength") -> Any:
+         where: str = "strength", fixed: bool = False) -> Any:
     """A1111's loop for ``choice`` (a SamplerChoice) over a schedule of ``length`` run from ``start`` under an A1111
-    rule, or None when the sampler is not one of A1111's DDIM / PLMS or the schedule is no DDPM folder's."""
+    rule, or None when the sampler is not one of A1111's DDIM / PLMS or the schedule is no DDPM folder's.
+    ``fixed``: img2img under ``"a1111-fix-steps"`` (its ``t_enc`` is ``steps - 1``, whatever the strength)."""
     if (choice.sampler, choice.schedule) not in SAMPLERS or not hasattr(ms, "ddim_alpha"):
         return None
     ts, t_enc = cut(length, start, where)
@@ -155,7 +165,12 @@ def loop(ms: Any, choice: Any, length: int, start: int, *, seed: int, generator:
                 raise SamplerError(f"uni_pc needs at least {UNIPC_ORDER + 1} steps in the hires pass as A1111 runs it "
                                    f"(its solver takes them less one, and refuses fewer than its order, "
                                    f"{UNIPC_ORDER}), got {t_enc + 1}", where="sampler uni_pc",
-                                   fix=f"pass {{@hires_steps}} {UNIPC_ORDER + 1} or more, or another sampler")
+                                   fix=f"pass {{@hires_steps=}}{UNIPC_ORDER + 1} or more, or another sampler")
+            if fixed:  # A1111's img2img_fix_steps: steps - 1 solver steps at any strength
+                raise InputError(f"A1111's UniPC runs this img2img as {t_enc} step{'' if t_enc == 1 else 's'} of its "
+                                 f"solver (steps less one, its img2img steps being fixed), fewer than its order "
+                                 f"({UNIPC_ORDER}), which it refuses", where="steps",
+                                 fix=f"pass {{@steps=}}{UNIPC_ORDER + 1} or more, or use another sampler (DPM++ 2M)")
             raise InputError(f"A1111's UniPC runs this img2img as {t_enc} step{'' if t_enc == 1 else 's'} of its solver "
                              f"(int(strength x steps)), fewer than its order ({UNIPC_ORDER}), which it refuses",
                              where=where, fix=f"raise {{@{where}}} or {{@steps}} (0.5 of 20 steps runs 10), or use "

@@ -510,12 +510,17 @@ class ToolboxMixin:
 
         if self._preview_fn is not None and not isinstance(self._preview_fn, TaesdPreview):
             return self._preview_fn(x)  # the caller's own function: the latent as the sampler holds it
+        # the model whose latents these are: a hires checkpoint's in its pass (sdrt.pipelines.hiresmodel)
+        src = getattr(self, "_hires_decoder", None) or self
         # the family's usual latent space (Playground v2.5's normalized latents mapped back to SDXL's)
-        x = self.family.preview_latents(x)  # type: ignore[attr-defined]
+        x = src.family.preview_latents(x)  # type: ignore[attr-defined]
         if self._preview_fn is not None:
-            return self._preview_fn(x)
+            from .hiresmodel import latent_space
+
+            if src is self or latent_space(src) == latent_space(self):  # type: ignore[arg-type]
+                return self._preview_fn(x)  # a TAESD of the first model's latents: not for another space's
         # the family's own factors (sd2 -> sd1, chroma -> flux): SD3, Flux and Chroma got SD 1.x's 4-channel ones
-        return project(x, self.family.name, upscale=upscale)  # type: ignore[attr-defined]
+        return project(x, src.family.name, upscale=upscale)  # type: ignore[attr-defined]
 
     def _step_done(self, loop: Any, latents: np.ndarray, state: cn.ControlState | None, index: int,
                    total: int) -> None:

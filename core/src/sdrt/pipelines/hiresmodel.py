@@ -23,7 +23,8 @@ fix's (:mod:`.hires`): only the model changes. What it must be:
 Memory: when the two models do not both fit (either runs in low-memory mode, or their files together take more
 than the memory budget allows: ``memory=``, else half the device's memory, :func:`sdrt.pipelines.lowmem.auto_low_memory`),
 the first model's parts are released before the second's load, as A1111 unloads one checkpoint to load the other;
-they load again at the next run's first pass.
+the second's go once its VAE has decoded (or the pass stopped), as A1111 loads the first back; each loads again at its
+next pass.
 
 Not with a refiner, nor with ControlNet units or IP-Adapters acting in the second pass (they are bound to the first
 model's UNet): each is refused in one line.
@@ -140,7 +141,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
             for old in cache.values():  # one second checkpoint held at a time, as A1111 holds one model
                 old.close()
             cache.clear()
-            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+            cache[key] = _load(load, spec, pipe)
         other = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the first's low-memory mode
             other.low_memory = pipe.low_memory
@@ -156,11 +157,46 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         return twin
     from ..text.loras import has_lora_tag
 
+    _share_embeddings(pipe, other)
     if other._weight_state is not None or has_lora_tag(*raw):  # its LoRAs are the prompt's, as the first model's
         if pipe._weight_state is not None and other.weights.lora_dir is None:  # found where the first model's are
             other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
+
+
+def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:
+    """The first model's textual-inversion embeddings on the second (A1111 loads its embeddings folder for whichever
+    model is loaded, so a trigger word in the hires prompt works on the hires checkpoint too); one of another
+    model's widths is skipped, as A1111 skips it (the word is then plain text there, as in A1111)."""
+    from ..errors import SdrtError
+
+    state = pipe._weight_state
+    if state is None or not state.embeddings:
+        return
+    have = {e.name.lower() for e in other._weight_state.embeddings} if other._weight_state is not None else set()
+    for emb in state.embeddings:
+        if emb.name.lower() not in have:
+            try:
+                other.weights.add_embeddings([emb])
+            except SdrtError:  # made for another model's text encoders
+                pass
+
+
+def _load(load: Any, spec: Any, pipe: Pipeline) -> Pipeline:
+    """``load(spec)`` on the first model's backend and device; a file that is no model (a LoRA, a VAE, an embedding)
+    or cannot be read is one line naming ``hires_checkpoint`` (the loader's own advice is for a first model)."""
+    from ..errors import FileChanged, ModelError, WeightsError
+
+    try:
+        return load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+    except FileChanged:
+        raise
+    except (ModelError, WeightsError) as exc:
+        fix = "pass a whole model as {@hires_checkpoint}: a checkpoint file (.safetensors) or a model folder"
+        what = exc.what.split(" (not a checkpoint: ")[0]  # how to pass a LoRA / an embedding to a first model
+        raise type(exc)(f"the hires checkpoint {os.fspath(spec)!r}: {what}", where="hires_checkpoint",
+                        fix=exc.fix if isinstance(exc, WeightsError) else fix) from None
 
 
 def check(pipe: Pipeline, other: Pipeline, s: Settings) -> None:
@@ -261,7 +297,8 @@ def _model_size(p: Pipeline) -> int:
 
 
 def release_first(pipe: Pipeline) -> None:
-    """The first model's parts closed, their weights dropped (they load again at the next run's first pass)."""
+    """The first model's parts closed, their weights dropped (they load again at the next run's first pass); the
+    second model's likewise once its pass is over when both do not fit (A1111 loads the first model back then)."""
     from .lowmem import give_back, release
 
     keep = pipe._weight_state._originals if pipe._weight_state is not None else {}
@@ -275,9 +312,7 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
     VAE, resized and encoded by the second's; the hires prompts encoded by its text encoders; its loop at the target
     size over the hires fix's steps, from a fresh noise stream of each image's seed. Returns the latents, which the
     second model's VAE decodes (``pipe._hires_decoder``)."""
-    from .families import ModelCall
-    from .hires import crop_latent, second_pass_steps, upscale_image, upscale_latent
-    from .images import to_nchw
+    from .hires import second_pass_steps, upscale_image
 
     hr = s.toolbox.hires
     assert s.width is not None and s.height is not None
@@ -298,9 +333,29 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
                 up.close()
         else:
             big = [upscale_image(im, uw, uh, hr.upscaler) for im in images]
-    if tight(pipe, other):  # A1111 unloads the first checkpoint to load the second
+    pipe._hires_tight = tight(pipe, other)
+    if pipe._hires_tight:  # A1111 unloads the first checkpoint to load the second
         release_first(pipe)
     pipe._hires_decoder = other  # from here the second model's VAE decodes (an interrupted run's partial too)
+    try:
+        return _second_pass(pipe, other, s, s2, x, big, seed, subseed, on_step, offset, (uw, uh), total_steps - run)
+    except BaseException:  # stopped or refused: the second model goes too, as A1111 loads the first one back
+        if pipe._hires_tight:
+            release_first(other)
+        raise
+
+
+def _second_pass(pipe: Pipeline, other: Pipeline, s: Settings, s2: Settings, x: np.ndarray, big: Any, seed: int,
+                 subseed: int | None, on_step: Any, offset: int, upscaled: tuple[int, int], start: int) -> np.ndarray:
+    """:func:`second_pass` once the second model takes over: ``s2`` the pass's settings, ``big`` the upscaled
+    pictures (None: the latents are upscaled), ``start`` the step its loop starts at."""
+    from .families import ModelCall
+    from .hires import crop_latent, upscale_latent
+    from .images import to_nchw
+
+    hr = s.toolbox.hires
+    assert s.width is not None and s2.width is not None and s2.height is not None
+    tw, th, (uw, uh) = s2.width, s2.height, upscaled
     own = dataclasses.replace(s, prompt=s.prompt if hr.prompt is None else hr.prompt,
                               negative_prompt=s.negative_prompt if hr.negative_prompt is None else hr.negative_prompt)
     try:  # its own text encoders (A1111's hr_c / hr_uc, computed on the reloaded model)
@@ -315,7 +370,7 @@ def second_pass(pipe: Pipeline, other: Pipeline, s: Settings, x: np.ndarray, see
     shape = other.family.latent_shape(s.batch, th, tw)
     generator = pipe._noise(s2, shape, seed, subseed)
     ms = other.family.model_sampling(tw, th)
-    loop = other._loop(s2, ms, generator, seed, start=total_steps - run)
+    loop = other._loop(s2, ms, generator, seed, start=start)
     if big is None:
         latents = upscale_latent(x, hr, uh, uw)
     else:

@@ -524,7 +524,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from . import compvis  # A1111's DDIM and PLMS cut img2img their own way
 
             cut = compvis.loop(ms, s.choice, steps, start, seed=seed, generator=generator,
-                               where="hires_denoise" if hires_pass else "strength")
+                               where="hires_denoise" if hires_pass else "strength",
+                               fixed=not hires_pass and s.strength_rule == "a1111-fix-steps")
             if cut is not None:
                 return cut
         if kind in ("euler", "euler-karras", "euler_a", "euler_a-karras"):
@@ -1196,6 +1197,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         assert s.width is not None and s.height is not None
         self._current = self._denoised = None  # nothing of an earlier job's run is shown or given back
         self._hires_decoder = None  # a hires checkpoint's pipeline once its pass runs (sdrt.pipelines.hiresmodel)
+        self._hires_tight = False  # its pass released the first model's parts (hiresmodel.tight)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
         generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
         ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -1289,7 +1291,15 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         first = loop.steps
         if control is not None:  # the window of step 0 is judged against the run's steps, as the later steps'
             control.total = first
-        total = first + (second_pass_steps(s.toolbox.hires, s.steps)[1] if s.toolbox.hires else 0)
+        total = first
+        if s.toolbox.hires:  # the second pass's steps; A1111's DDIM, PLMS and UniPC run fewer (compvis.run_steps)
+            from .compvis import run_steps
+            from .scheduling import FolderSchedule
+
+            length, run = second_pass_steps(s.toolbox.hires, s.steps)
+            choice = s.toolbox.hires.choice((s.sampler, s.choice))
+            cut = run_steps(ms, choice, length, length - run) if isinstance(ms, FolderSchedule) else None
+            total += run if cut is None else cut
 
         def on_step(i: int, latents: np.ndarray) -> None:
             if i < first:
@@ -1332,6 +1342,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             decoder = self._hires_decoder
         images = self._pasted(self._inpaint_blend(s, decoder._decode(x)))  # inpaint_only's blend (inpaintcn)
         decoder._release("vae_decoder", stage=True)
+        if self._hires_decoder is not None and self._hires_tight:  # both do not fit: the second model goes as well
+            from .hiresmodel import release_first  # (A1111 loads the first back), before the next image's first pass
+
+            release_first(self._hires_decoder)
         return images
 
     def _model_part(self) -> Any:
