@@ -230,3 +230,29 @@ def test_depth_leres_boost_on_the_command_line(refs, folder, tmp_path, capsys):
     assert main([*args, "--control-image", str(png), "-o", str(out)]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the backend's line: the one-line error
     assert last.startswith("error:") and "160 pixels" in last and "128x64" in last, last  # 80x60, padded
+
+
+def test_the_boosts_large_uint8_resizes_hold_no_full_size_float_copies():
+    """The boost resizes the image up to twice R_x over its factor (up to 10 x 1568 pixels a side: a 2048x1536 photo
+    of a few stars is resized to 13440x10080) and back: cvresize's bicubic works in strips of output rows, so its
+    peak is a few output images' bytes, not ~40 (float64 copies of the whole), and its output is unchanged."""
+    import tracemalloc
+
+    from sdrt.pipelines import cvresize
+
+    rgb = np.random.default_rng(4).integers(0, 256, (600, 800, 3), dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        big = cvresize.resample(rgb, 3200, 2400, "cubic")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert big.shape == (2400, 3200, 3) and peak < 4 * big.nbytes, peak / big.nbytes
+    small = cvresize.resample(big, 800, 600, "cubic")
+    strips = cvresize._STRIP
+    try:
+        cvresize._STRIP = 1 << 40  # one strip: the whole image at once, the same values
+        assert np.array_equal(cvresize.resample(rgb, 3200, 2400, "cubic"), big)
+        assert np.array_equal(cvresize.resample(big, 800, 600, "cubic"), small)
+    finally:
+        cvresize._STRIP = strips
