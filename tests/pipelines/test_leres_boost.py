@@ -256,3 +256,16 @@ def test_the_boosts_large_uint8_resizes_hold_no_full_size_float_copies():
         assert np.array_equal(cvresize.resample(big, 800, 600, "cubic"), small)
     finally:
         cvresize._STRIP = strips
+
+
+def test_patches_grow_as_the_extensions(refs):
+    """The patches selected on pictures whose dense part lies inside (the 448 x 448 one's patches all touch its
+    edge, where growing stops at once): grown by int(32 / factor) while their gradient density stays at least the
+    whole's and they stay inside, biggest first, as the extension's ``generatepatchs`` selects them."""
+    from ref_leres_boost import PATCH_CASES, patch_image
+
+    want = refs["patch_cases"]
+    for i, (spec, factor) in enumerate(PATCH_CASES):
+        got = leresboost.patches(patch_image(*spec), factor)
+        assert got == want[want[:, 0] == i, 1:].tolist(), (i, got)
+    assert (want[:, 3] > 896).any()  # some grew
