@@ -269,3 +269,24 @@ def test_patches_grow_as_the_extensions(refs):
         got = leresboost.patches(patch_image(*spec), factor)
         assert got == want[want[:, 0] == i, 1:].tolist(), (i, got)
     assert (want[:, 3] > 896).any()  # some grew
+
+
+def test_the_files_where_the_extension_reads_each(tmp_path):
+    """An A1111 install that keeps res101.pth in the extension's older place (annotator/leres, read first) and
+    latest_net_G.pth in annotator/downloads/leres (the only place the extension reads it): depth_leres++ finds each
+    where the extension reads it, and the same res101.pth as depth_leres (one LeReS kept for both); a missing
+    generator is named alone."""
+    from sdrt.pipelines import annotators
+
+    ann = tmp_path / "extensions" / "sd-webui-controlnet" / "annotator"
+    (ann / "leres").mkdir(parents=True)
+    (ann / "downloads" / "leres").mkdir(parents=True)
+    (ann / "leres" / "res101.pth").write_bytes(b"x")
+    with pytest.raises(InputError, match="no latest_net_G.pth in") as e:
+        annotators.find("depth_leres++", tmp_path, "m")
+    assert "res101.pth" not in str(e.value).split(" in ")[0]
+    (ann / "downloads" / "leres" / "latest_net_G.pth").write_bytes(b"x")
+    assert annotators.find("depth_leres++", tmp_path, "m") == (ann / "leres" / "res101.pth",
+                                                               ann / "downloads" / "leres" / "latest_net_G.pth")
+    (ann / "downloads" / "leres" / "res101.pth").write_bytes(b"x")
+    assert annotators.find("depth_leres++", tmp_path, "m")[0] == annotators.find("depth_leres", tmp_path, "m")[0]
