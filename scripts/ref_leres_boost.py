@@ -17,7 +17,8 @@ Writes tests/data/leres/leres_boost_refs.npz: a 200 x 150 image's map (no patche
 R_x), with and without the sliders, and its merged depth; a 448 x 448 picture's map, its merged depth (every 4th row
 and column) and the R_x and patch scale BoostingMonocularDepth's ``calculateprocessingres`` gives it (its patches
 run); the generators' raw outputs (every 8th row and column) for a seeded pair, narrow and full-size; R_x and the
-patch scale of a few more pictures (``res_cases``; ``--res-cases`` adds them alone).
+patch scale of a few more pictures (``res_cases``; ``--res-cases`` adds them alone); the patches ``generatepatchs``
+selects on a few pictures at a few factors, grown inside the image (``patch_cases``; ``--patch-cases`` adds them alone).
 """
 
 from __future__ import annotations
@@ -104,6 +105,34 @@ def res_cases() -> np.ndarray:
     return np.array([depthmap.calculateprocessingres(res_case(*c), 448, 0.2, 3, 1600) for c in RES_CASES])
 
 
+#: images and factors whose selected patches are recorded (``patch_cases``): patch_image's (height, width, busy
+#: centre y, x as fractions), factor; patches inside the image that grow by int(32 / factor) while dense enough
+PATCH_CASES = (((1400, 1800, 0.5, 0.5), 0.32), ((1400, 1800, 0.35, 0.6), 0.6), ((1800, 1400, 0.6, 0.4), 0.2),
+               ((1600, 1600, 0.5, 0.3), 1.0))
+
+
+def patch_image(h: int, w: int, cy: float, cx: float) -> np.ndarray:
+    """A smooth picture with a busy disc (stripes) of radius a fifth of the shorter side about (cy, cx)."""
+    yy, xx = np.mgrid[0:h, 0:w]
+    img = np.stack([xx * 200 // (w - 1), yy * 200 // (h - 1), np.full_like(xx, 90)], -1).astype(float)
+    busy = (yy - cy * h) ** 2 + (xx - cx * w) ** 2 < (min(h, w) / 5) ** 2
+    img[busy] = np.stack([((xx + yy) // 7 % 2) * 220, ((xx - 2 * yy) // 11 % 2) * 160, (xx // 5 % 3) * 70], -1)[busy]
+    return img.astype(np.uint8)
+
+
+def patch_cases() -> np.ndarray:
+    """The extension's ``generatepatchs(img, 896)`` (with ``adaptiveselection``'s global ``factor``) of each of
+    PATCH_CASES: rows (case, x, y, w, h) in its order (biggest first)."""
+    from controlnet_aux.leres.leres import depthmap
+
+    rows = []
+    for i, (spec, factor) in enumerate(PATCH_CASES):
+        depthmap.factor = factor
+        for _, p in depthmap.generatepatchs(patch_image(*spec), 896):
+            rows.append([i, *p["rect"]])
+    return np.array(rows, np.int64)
+
+
 def main() -> None:
     from leres_helpers import NARROW_NGF, boost_image, test_image, write_file, write_generator
 
@@ -151,20 +180,25 @@ def main() -> None:
     print("big", padded.shape, out["big_map"].mean(), out["big_map"].std())
     out["res_cases"] = res_cases()
     print("res cases", out["res_cases"].tolist())
+    out["patch_cases"] = patch_cases()
     dest = ROOT / "tests" / "data" / "leres" / "leres_boost_refs.npz"
     np.savez_compressed(dest, **out)
     print("wrote", dest, dest.stat().st_size, "bytes")
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--res-cases"]:  # only res_cases, added to the file main() wrote (no network runs)
+    if sys.argv[1:] in (["--res-cases"], ["--patch-cases"]):  # only those, added to the file main() wrote
         site = next(Path(p) for p in sys.path if (Path(p) / "controlnet_aux").is_dir())
         sys.modules["controlnet_aux"] = types.ModuleType("controlnet_aux")
         sys.modules["controlnet_aux"].__path__ = [str(site / "controlnet_aux")]
         dest = ROOT / "tests" / "data" / "leres" / "leres_boost_refs.npz"
         data = dict(np.load(dest))
-        data["res_cases"] = res_cases()
-        print("res cases", data["res_cases"].tolist())
+        if sys.argv[1] == "--res-cases":
+            data["res_cases"] = res_cases()
+            print("res cases", data["res_cases"].tolist())
+        else:
+            data["patch_cases"] = patch_cases()
+            print("patch cases", data["patch_cases"].tolist())
         np.savez_compressed(dest, **data)
     else:
         main()

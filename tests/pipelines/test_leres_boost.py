@@ -230,3 +230,63 @@ def test_depth_leres_boost_on_the_command_line(refs, folder, tmp_path, capsys):
     assert main([*args, "--control-image", str(png), "-o", str(out)]) == 1
     last = capsys.readouterr().err.strip().splitlines()[-1]  # after the backend's line: the one-line error
     assert last.startswith("error:") and "160 pixels" in last and "128x64" in last, last  # 80x60, padded
+
+
+def test_the_boosts_large_uint8_resizes_hold_no_full_size_float_copies():
+    """The boost resizes the image up to twice R_x over its factor (up to 10 x 1568 pixels a side: a 2048x1536 photo
+    of a few stars is resized to 13440x10080) and back: cvresize's bicubic works in strips of output rows, so its
+    peak is a few output images' bytes, not ~40 (float64 copies of the whole), and its output is unchanged."""
+    import tracemalloc
+
+    from sdrt.pipelines import cvresize
+
+    rgb = np.random.default_rng(4).integers(0, 256, (600, 800, 3), dtype=np.uint8)
+    tracemalloc.start()
+    try:
+        big = cvresize.resample(rgb, 3200, 2400, "cubic")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert big.shape == (2400, 3200, 3) and peak < 4 * big.nbytes, peak / big.nbytes
+    small = cvresize.resample(big, 800, 600, "cubic")
+    strips = cvresize._STRIP
+    try:
+        cvresize._STRIP = 1 << 40  # one strip: the whole image at once, the same values
+        assert np.array_equal(cvresize.resample(rgb, 3200, 2400, "cubic"), big)
+        assert np.array_equal(cvresize.resample(big, 800, 600, "cubic"), small)
+    finally:
+        cvresize._STRIP = strips
+
+
+def test_patches_grow_as_the_extensions(refs):
+    """The patches selected on pictures whose dense part lies inside (the 448 x 448 one's patches all touch its
+    edge, where growing stops at once): grown by int(32 / factor) while their gradient density stays at least the
+    whole's and they stay inside, biggest first, as the extension's ``generatepatchs`` selects them."""
+    from ref_leres_boost import PATCH_CASES, patch_image
+
+    want = refs["patch_cases"]
+    for i, (spec, factor) in enumerate(PATCH_CASES):
+        got = leresboost.patches(patch_image(*spec), factor)
+        assert got == want[want[:, 0] == i, 1:].tolist(), (i, got)
+    assert (want[:, 3] > 896).any()  # some grew
+
+
+def test_the_files_where_the_extension_reads_each(tmp_path):
+    """An A1111 install that keeps res101.pth in the extension's older place (annotator/leres, read first) and
+    latest_net_G.pth in annotator/downloads/leres (the only place the extension reads it): depth_leres++ finds each
+    where the extension reads it, and the same res101.pth as depth_leres (one LeReS kept for both); a missing
+    generator is named alone."""
+    from sdrt.pipelines import annotators
+
+    ann = tmp_path / "extensions" / "sd-webui-controlnet" / "annotator"
+    (ann / "leres").mkdir(parents=True)
+    (ann / "downloads" / "leres").mkdir(parents=True)
+    (ann / "leres" / "res101.pth").write_bytes(b"x")
+    with pytest.raises(InputError, match="no latest_net_G.pth in") as e:
+        annotators.find("depth_leres++", tmp_path, "m")
+    assert "res101.pth" not in str(e.value).split(" in ")[0]
+    (ann / "downloads" / "leres" / "latest_net_G.pth").write_bytes(b"x")
+    assert annotators.find("depth_leres++", tmp_path, "m") == (ann / "leres" / "res101.pth",
+                                                               ann / "downloads" / "leres" / "latest_net_G.pth")
+    (ann / "downloads" / "leres" / "res101.pth").write_bytes(b"x")
+    assert annotators.find("depth_leres++", tmp_path, "m")[0] == annotators.find("depth_leres", tmp_path, "m")[0]

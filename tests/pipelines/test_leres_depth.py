@@ -264,3 +264,20 @@ def test_the_detector_is_kept_counted_and_released(refs, pth):
     finally:
         preprocessors.keep_preprocessors(before)
         preprocessors.release()
+
+
+@pytest.mark.parametrize("name", ["depth_leres", "depth_leres++"])
+def test_an_image_at_its_own_size_is_bounded_as_at_a_resolution(tmp_path, name):
+    """At its own size (no processor resolution: the API's and the CLI's ``none``) the network would read the whole
+    image padded to 64: above MAX_NET_PIXELS it is one line naming the image's own size before any file is read
+    (a 4097x4096 image is 4160x4096 padded), as at a processor resolution; the memory plan's map_size says the same."""
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlmaps import ControlImageError
+
+    big = np.zeros((4097, 4096, 3), np.uint8)
+    with pytest.raises(ControlImageError, match="at its own size would be 4096x4160") as e:
+        preprocessors.preprocess(big, name, models=tmp_path / "not-read")
+    assert "\n" not in str(e.value) and e.value.where.endswith("processor_res")
+    with pytest.raises(ControlImageError, match="at its own size"):
+        preprocessors.map_size(name, 4097, 4096, None)
+    assert preprocessors.map_size(name, 4096, 4096, None) == (4096, 4096)  # 4096x4096: at the bound, allowed

@@ -85,8 +85,10 @@ ANNOTATORS: dict[str, Files] = {
     "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
                            ("lllyasviel/Annotators",), "OpenPose's"),
     "depth_leres": Files(("res101.pth",), ("leres",), ("lllyasviel/Annotators",), "LeReS's depth model"),
-    # the boost: LeReS and the merge network (pix2pix), both in the extension's downloads/leres
-    "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's"),
+    # the boost: LeReS and the merge network (pix2pix), each where the extension reads it: res101.pth from
+    # annotator/leres first (as depth_leres), latest_net_G.pth from downloads/leres: so each file on its own
+    "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's",
+                           apart=((), ())),
 }
 
 

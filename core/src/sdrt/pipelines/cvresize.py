@@ -115,6 +115,10 @@ def resample(a: np.ndarray, width: int, height: int, kind: str) -> np.ndarray:
     return _cubic_ipp(a, width, height)
 
 
+#: values per strip of output rows in :func:`_cubic_ipp`
+_STRIP = 1 << 20
+
+
 def _cubic_ipp(a: np.ndarray, width: int, height: int) -> np.ndarray:
     """INTER_CUBIC as IPP's resize runs it, as near as its unpublished arithmetic allows: float32 weights, the
     vertical pass first (its output kept in float32), the horizontal one summed in float64, rounded half to
@@ -124,9 +128,17 @@ def _cubic_ipp(a: np.ndarray, width: int, height: int) -> np.ndarray:
     ix, wx = _taps_cubic(w, width)
     wy = wy.astype(np.float32).astype(np.float64)
     wx = wx.astype(np.float32).astype(np.float64)
-    out = _apply_taps(a.astype(np.float64), iy, wy, axis=0).astype(np.float32)
-    out = _apply_taps(out.astype(np.float64), ix, wx, axis=1)
-    return np.clip(np.rint(out), 0, 255).astype(np.uint8)
+    out = np.empty((height, width, *a.shape[2:]), np.uint8)
+    # in strips of output rows (each row is its own sums): float64 copies of a strip, not of the whole image
+    step = max(1, _STRIP // max(1, width * int(np.prod(a.shape[2:], dtype=np.int64))))
+    for r in range(0, height, step):
+        rows = iy[r:r + step]
+        lo = int(rows.min())
+        src = a[lo:int(rows.max()) + 1].astype(np.float64)
+        part = _apply_taps(src, rows - lo, wy[r:r + step], axis=0).astype(np.float32)
+        part = _apply_taps(part.astype(np.float64), ix, wx, axis=1)
+        out[r:r + step] = np.clip(np.rint(part), 0, 255).astype(np.uint8)
+    return out
 
 
 def _cubic_fixed_axis(src: int, dst: int) -> tuple[np.ndarray, np.ndarray]:

@@ -174,6 +174,9 @@ MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
 _OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
+#: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
+#: :data:`MAX_NET_PIXELS` there too (the boost's numpy steps run at the image's size)
+_PADDED_OWN = ("depth_leres", "depth_leres++")
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
@@ -384,16 +387,20 @@ def _kept(kind: str, files: tuple[Any, ...], backend: str, device: Any, make: An
         return _DWPOSE[key]
 
 
-def check_net_pixels(height: int, width: int, resolution: int) -> None:
+def check_net_pixels(height: int, width: int, resolution: int | None) -> None:
     """A ``ControlImageError`` when an image a preprocessor's network reads, ``height x width`` at processor
-    resolution ``resolution``, is above :data:`MAX_NET_PIXELS` (its activations would take tens of gigabytes)."""
+    resolution ``resolution`` (None: the image's own size), is above :data:`MAX_NET_PIXELS` (its activations would
+    take tens of gigabytes)."""
     from .controlmaps import ControlImageError
 
     if height * width > MAX_NET_PIXELS:
-        err = ControlImageError(f"the control image at processor resolution {resolution} would be {width}x{height} "
+        at = "at its own size" if resolution is None else f"at processor resolution {resolution}"
+        err = ControlImageError(f"the control image {at} would be {width}x{height} "
                                 f"for the preprocessor's network, above {MAX_NET_PIXELS} pixels (2048x8192)",
                                 where="sdrt.pipelines.preprocessors.processor_res",
-                                fix="pass a smaller processor resolution, or crop the image to nearer a square")
+                                fix="pass a smaller processor resolution, or crop the image to nearer a square"
+                                if resolution is not None else "pass a processor resolution (e.g. 512), or a "
+                                "smaller image")
         err.threshold = "processor_res"  # type: ignore[attr-defined]  # a unit's error names its resolution
         raise err
 
@@ -406,6 +413,8 @@ def map_size(name: str, height: int, width: int, resolution: int | None) -> tupl
     from .controlmaps import processor_size
 
     spec = SPECS[name]
+    if resolution is None and name in _PADDED_OWN:  # the network reads the whole image, padded to 64
+        check_net_pixels(height + -height % 64, width + -width % 64, None)
     if resolution is None or spec.resolution not in ("pad", "scale"):
         return height, width
     th, tw = processor_size(height, width, resolution)
@@ -684,6 +693,9 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
             rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
         if name in WITH_MODELS and name not in _OWN_SIZE:
             check_net_pixels(rgb.shape[0], rgb.shape[1], resolution)
+    elif name in _PADDED_OWN and np.ndim(rgb) >= 2:  # at its own size the detector pads the whole image to 64
+        h, w = np.shape(rgb)[:2]
+        check_net_pixels(h + -h % 64, w + -w % 64, None)
     if name == "canny":
         rgb = cm.to_rgb(cm.canny(rgb, lo, hi))
     elif name == "scribble":
