@@ -283,3 +283,22 @@ def test_one_finite_number_check_serves_every_preprocessor_and_unit_argument() -
     image = np.zeros((8, 8, 3), np.uint8)
     with pytest.raises(ControlImageError, match=r"^XDoG threshold 10000\d+ is not a number"):
         linemaps.scribble_xdog(image, 10 ** 400)
+
+
+@pytest.mark.parametrize("name", sorted(set(WITH_MODELS) - {"depth_leres", "depth_leres++", "dw_openpose_full", "openpose",
+                                                             "depth_anything", "depth_anything_v2", "animal_openpose",
+                                                             "openpose_hand", "openpose_face", "openpose_faceonly",
+                                                             "openpose_full"}))  # leres: test_leres_depth.py
+def test_a_model_backed_map_at_the_images_own_size_is_bounded(tmp_path, name):
+    """No processor resolution (the API's default): the network would read the whole image; above MAX_NET_PIXELS
+    (a 6000x4000 photo through HED took ~13 GB) it is one line before any file is read, as at a resolution; the
+    memory plan's map_size says the same."""
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlmaps import ControlImageError
+
+    big = np.zeros((4097, 4096, 3), np.uint8)
+    with pytest.raises(ControlImageError, match="at its own size") as e:
+        preprocessors.preprocess(big, name, models=tmp_path / "not-read")
+    assert "\n" not in str(e.value)
+    with pytest.raises(ControlImageError, match="at its own size"):
+        preprocessors.map_size(name, 4097, 4096, None)

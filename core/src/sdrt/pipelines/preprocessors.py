@@ -175,8 +175,10 @@ MAX_NET_PIXELS = 2048 * 8192
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
 _OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
 #: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
-#: :data:`MAX_NET_PIXELS` there too (the boost's numpy steps run at the image's size)
-_PADDED_OWN = ("depth_leres", "depth_leres++")
+#: :data:`MAX_NET_PIXELS` there too, as at a processor resolution (HED on a 6000x4000 photo took ~13 GB;
+#: depth_leres++'s numpy steps run at the image's size); every model-backed one but those that resize it themselves
+#: (the OpenPose parts read the image at OpenPose's own scales, and crops of it)
+_PADDED_OWN = tuple(n for n, s in SPECS.items() if s.models and n not in _OWN_SIZE and not n.startswith("openpose"))
 _DWPOSE: dict[tuple, Any] = {}
 _DWPOSE_LOCK = threading.Lock()
 
