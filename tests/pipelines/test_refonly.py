@@ -152,3 +152,15 @@ def test_the_extensions_layers_on_sdrts_shipped_graphs():
         names = {i.name for i in model.graph.input}
         assert {f"ref_bank_in_{2 * k}" for k in range(attn)} <= names
         assert {f"ref_gn_mix_{i}" for i in range(len(want))} <= names
+
+
+def test_a_reference_units_bad_picture_is_named_by_its_place_among_the_units():
+    """A reference unit after a ControlNet unit: an error about its picture names controlnets[1], its place in the
+    list given (the hook once numbered the reference units among themselves: controlnets[0], the ControlNet's)."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-controlnet", backend="reference") as pipe:
+        with pytest.raises(InputError, match=r"control image has shape \(0, 5, 3\).*Where: controlnets\[1\]"):
+            generate(pipe, {**case, "steps": 1}, controlnets=[
+                ("controlnet", REFS["picture0"], 0.8),
+                ControlNet(None, np.zeros((0, 5, 3), np.uint8), preprocessor="reference_only")])

@@ -448,7 +448,8 @@ class ToolboxMixin:
             call.hooks.append(hook(self, refs, self.denoiser, state,  # type: ignore[attr-defined]
                                    getattr(self, "_ref_generator", None), width=width, height=height,
                                    batch=call.batch, hires=bool(hires),
-                                   sample_name=self.family.sample_input))  # type: ignore[attr-defined]
+                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
+                                   slots=[next(j for j, v in enumerate(s.toolbox.units) if v is u) for u in refs]))
         return state
 
     def _control_nets(self, s: Settings, call: Any, width: int, height: int,
