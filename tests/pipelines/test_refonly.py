@@ -17,7 +17,7 @@ import pytest
 from pipeline_helpers import assert_matches_diffusers, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError
+from sdrt.errors import InputError, ModelError
 from sdrt.pipelines import ControlNet
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -164,3 +164,32 @@ def test_a_reference_units_bad_picture_is_named_by_its_place_among_the_units():
             generate(pipe, {**case, "steps": 1}, controlnets=[
                 ("controlnet", REFS["picture0"], 0.8),
                 ControlNet(None, np.zeros((0, 5, 3), np.uint8), preprocessor="reference_only")])
+
+
+def test_a_vae_encoder_that_does_not_say_its_output_size_plans_the_passs_latent(tmp_path):
+    """tiny-sd15 with tiny-sd15-ort's VAE encoder (ONNX Runtime's optimizer names its output's height and width
+    with symbols no input gives): the plan's dry run encodes the picture to zeros of the pass's latent size, not 1x1
+    (once a 'cannot pin sample to (2, 4, 1, 1)' error), and the run matches the plain folder's picture."""
+    register("reference")
+    for part in ("model_index.json", "scheduler", "text_encoder", "tokenizer", "unet", "vae_decoder"):
+        (tmp_path / part).symlink_to(FOLDER / part)
+    (tmp_path / "vae_encoder").symlink_to(DATA / "pipelines" / "tiny-sd15-ort" / "vae_encoder")
+    case = next(c for c in CASES if c["name"] == "adain")
+    with pipelines.load(tmp_path, backend="reference") as pipe:
+        got = generate(pipe, case, controlnets=units(case))
+    assert_matches_diffusers(got.images, REFS[case["name"]])
+
+
+def test_reference_units_on_an_onnx_runtime_optimized_unet_are_refused_in_one_line():
+    """ONNX Runtime's optimized UNet (fused attention, channels-last NhwcConv, SkipGroupNorm): neither the attention
+    layers nor the blocks' NCHW outputs can be found, and both kinds of unit are refused naming the graph (the AdaIN
+    edit once took a cast or a channels-last tensor for a block's output: a runtime type error, or statistics over
+    the wrong axes)."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-ort", backend="reference") as pipe:
+        for module, words in (("reference_only", "self-attention layers cannot be found"),
+                              ("reference_adain", "blocks cannot be found.*fused those layers")):
+            with pytest.raises(ModelError, match=words):
+                generate(pipe, {**case, "steps": 1}, controlnets=[
+                    ControlNet(None, REFS["picture0"], preprocessor=module)])

@@ -265,8 +265,10 @@ def latent(pipe: Any, unit: ControlNet, width: int, height: int, k: int) -> np.n
         return unit.origin[key]
     pixels = pipe._control_tensor(unit, width, height, k)  # [1, 3, H, W] in [0, 1]
     got = pipe._encode_image(pixels * np.float32(2.0) - np.float32(1.0), MEAN).astype(np.float32)
-    if not pipe._dry:  # the plan's dry run encodes to zeros: never kept for the run
-        unit.origin[key] = got
+    if pipe._dry:  # the plan's dry run encodes to zeros, 1 wide where the graph does not say its output's size (an
+        # ORT-optimized VAE's): the pass's latent size, never kept for the run
+        return np.zeros(pipe.family.latent_shape(1, height, width), np.float32)
+    unit.origin[key] = got
     return got
 
 
