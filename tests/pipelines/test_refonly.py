@@ -193,3 +193,20 @@ def test_reference_units_on_an_onnx_runtime_optimized_unet_are_refused_in_one_li
             with pytest.raises(ModelError, match=words):
                 generate(pipe, {**case, "steps": 1}, controlnets=[
                     ControlNet(None, REFS["picture0"], preprocessor=module)])
+
+
+def test_a_reference_unit_acting_in_a_hires_checkpoints_pass_is_refused():
+    """The hires fix's own checkpoint replaces the UNet the unit guides (its graph edit is the first model's): a unit
+    acting in the second pass is refused as a ControlNet unit is (it once ran silently in the first pass only: 'High
+    res only' changed nothing), and with 'Low res only' the run goes on."""
+    register("reference")
+    kw = dict(steps=1, cfg=5.0, sampler="Euler", seed=1, width=64, height=64, hires_scale=1.5, hires_steps=1,
+              hires_checkpoint=DATA / "pipelines" / "tiny-sd15-dyn-b")
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-dyn", backend="reference") as pipe:
+        for hr in ("Both", "High res only"):
+            with pytest.raises(InputError, match=r"controlnets\[1\] acts in the hires pass.*guides the first model"):
+                pipe.generate("a cat", "", controlnets=[
+                    ControlNet(None, REFS["picture0"], preprocessor="reference_only", hr_option="Low res only"),
+                    ControlNet(None, REFS["picture1"], preprocessor="reference_adain", hr_option=hr)], **kw)
+        pipe.generate("a cat", "", controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
+                                                           hr_option="Low res only")], **kw)
