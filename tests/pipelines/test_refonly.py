@@ -156,7 +156,8 @@ def test_the_extensions_layers_on_sdrts_shipped_graphs():
 
 def test_a_reference_units_bad_picture_is_named_by_its_place_among_the_units():
     """A reference unit after a ControlNet unit: an error about its picture names controlnets[1], its place in the
-    list given (the hook once numbered the reference units among themselves: controlnets[0], the ControlNet's)."""
+    list given (the hook once numbered the reference units among themselves: controlnets[0], the ControlNet's); a
+    ControlNet unit after a reference unit likewise (it was numbered among the ControlNet units)."""
     register("reference")
     case = CASES[0]
     with pipelines.load(DATA / "pipelines" / "tiny-sd15-controlnet", backend="reference") as pipe:
@@ -164,6 +165,14 @@ def test_a_reference_units_bad_picture_is_named_by_its_place_among_the_units():
             generate(pipe, {**case, "steps": 1}, controlnets=[
                 ("controlnet", REFS["picture0"], 0.8),
                 ControlNet(None, np.zeros((0, 5, 3), np.uint8), preprocessor="reference_only")])
+        # and a ControlNet unit after a reference unit: its errors and the plan's notes name it controlnets[1]
+        ref = ControlNet(None, REFS["picture0"], preprocessor="reference_only")
+        with pytest.raises(InputError, match=r"control image has shape \(0, 5, 3\).*Where: controlnets\[1\]"):
+            generate(pipe, {**case, "steps": 1}, controlnets=[ref, ("controlnet", np.zeros((0, 5, 3), np.uint8), 0.8)])
+        plan = pipe.plan(case["prompt"], steps=1, sampler="Euler", width=64, height=64,
+                         controlnets=[ref, ("controlnet", REFS["picture0"], 0.8)])
+        notes = sorted(n[:len("controlnet 0: r")] for n in plan.notes if n.startswith("controlnet "))
+        assert notes == ["controlnet 0: r", "controlnet 1: c"], plan.notes
 
 
 def test_a_vae_encoder_that_does_not_say_its_output_size_plans_the_passs_latent(tmp_path):
