@@ -219,3 +219,14 @@ def test_a_reference_unit_acting_in_a_hires_checkpoints_pass_is_refused():
                     ControlNet(None, REFS["picture1"], preprocessor="reference_adain", hr_option=hr)], **kw)
         pipe.generate("a cat", "", controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
                                                            hr_option="Low res only")], **kw)
+
+
+def test_a_windowed_reference_unit_compiles_the_unet_once():
+    """The write pass and the steps outside the unit's window feed banks of the read pass's shape (zeros, mix 0):
+    one compiled UNet through the run (docs/toolbox.md, "How sdrt does it")."""
+    register("reference")
+    case = next(c for c in CASES if c["name"] == "window-a1111")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        generate(pipe, case, controlnets=units(case) + [ControlNet(None, REFS["picture1"], 0.8, 0.0, 1.0,
+                                                                   "reference_adain", window="a1111")])
+        assert len(pipe.unet.sessions) == 1, list(pipe.unet.sessions)
