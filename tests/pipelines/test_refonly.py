@@ -17,7 +17,7 @@ import pytest
 from pipeline_helpers import assert_matches_diffusers, register
 
 from sdrt import pipelines
-from sdrt.errors import InputError
+from sdrt.errors import InputError, ModelError
 from sdrt.pipelines import ControlNet
 
 DATA = Path(__file__).resolve().parents[1] / "data"
@@ -152,3 +152,81 @@ def test_the_extensions_layers_on_sdrts_shipped_graphs():
         names = {i.name for i in model.graph.input}
         assert {f"ref_bank_in_{2 * k}" for k in range(attn)} <= names
         assert {f"ref_gn_mix_{i}" for i in range(len(want))} <= names
+
+
+def test_a_reference_units_bad_picture_is_named_by_its_place_among_the_units():
+    """A reference unit after a ControlNet unit: an error about its picture names controlnets[1], its place in the
+    list given (the hook once numbered the reference units among themselves: controlnets[0], the ControlNet's); a
+    ControlNet unit after a reference unit likewise (it was numbered among the ControlNet units)."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-controlnet", backend="reference") as pipe:
+        with pytest.raises(InputError, match=r"control image has shape \(0, 5, 3\).*Where: controlnets\[1\]"):
+            generate(pipe, {**case, "steps": 1}, controlnets=[
+                ("controlnet", REFS["picture0"], 0.8),
+                ControlNet(None, np.zeros((0, 5, 3), np.uint8), preprocessor="reference_only")])
+        # and a ControlNet unit after a reference unit: its errors and the plan's notes name it controlnets[1]
+        ref = ControlNet(None, REFS["picture0"], preprocessor="reference_only")
+        with pytest.raises(InputError, match=r"control image has shape \(0, 5, 3\).*Where: controlnets\[1\]"):
+            generate(pipe, {**case, "steps": 1}, controlnets=[ref, ("controlnet", np.zeros((0, 5, 3), np.uint8), 0.8)])
+        plan = pipe.plan(case["prompt"], steps=1, sampler="Euler", width=64, height=64,
+                         controlnets=[ref, ("controlnet", REFS["picture0"], 0.8)])
+        notes = sorted(n[:len("controlnet 0: r")] for n in plan.notes if n.startswith("controlnet "))
+        assert notes == ["controlnet 0: r", "controlnet 1: c"], plan.notes
+
+
+def test_a_vae_encoder_that_does_not_say_its_output_size_plans_the_passs_latent(tmp_path):
+    """tiny-sd15 with tiny-sd15-ort's VAE encoder (ONNX Runtime's optimizer names its output's height and width
+    with symbols no input gives): the plan's dry run encodes the picture to zeros of the pass's latent size, not 1x1
+    (once a 'cannot pin sample to (2, 4, 1, 1)' error), and the run matches the plain folder's picture."""
+    register("reference")
+    for part in ("model_index.json", "scheduler", "text_encoder", "tokenizer", "unet", "vae_decoder"):
+        (tmp_path / part).symlink_to(FOLDER / part)
+    (tmp_path / "vae_encoder").symlink_to(DATA / "pipelines" / "tiny-sd15-ort" / "vae_encoder")
+    case = next(c for c in CASES if c["name"] == "adain")
+    with pipelines.load(tmp_path, backend="reference") as pipe:
+        got = generate(pipe, case, controlnets=units(case))
+    assert_matches_diffusers(got.images, REFS[case["name"]])
+
+
+def test_reference_units_on_an_onnx_runtime_optimized_unet_are_refused_in_one_line():
+    """ONNX Runtime's optimized UNet (fused attention, channels-last NhwcConv, SkipGroupNorm): neither the attention
+    layers nor the blocks' NCHW outputs can be found, and both kinds of unit are refused naming the graph (the AdaIN
+    edit once took a cast or a channels-last tensor for a block's output: a runtime type error, or statistics over
+    the wrong axes)."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-ort", backend="reference") as pipe:
+        for module, words in (("reference_only", "self-attention layers cannot be found"),
+                              ("reference_adain", "blocks cannot be found.*fused those layers")):
+            with pytest.raises(ModelError, match=words):
+                generate(pipe, {**case, "steps": 1}, controlnets=[
+                    ControlNet(None, REFS["picture0"], preprocessor=module)])
+
+
+def test_a_reference_unit_acting_in_a_hires_checkpoints_pass_is_refused():
+    """The hires fix's own checkpoint replaces the UNet the unit guides (its graph edit is the first model's): a unit
+    acting in the second pass is refused as a ControlNet unit is (it once ran silently in the first pass only: 'High
+    res only' changed nothing), and with 'Low res only' the run goes on."""
+    register("reference")
+    kw = dict(steps=1, cfg=5.0, sampler="Euler", seed=1, width=64, height=64, hires_scale=1.5, hires_steps=1,
+              hires_checkpoint=DATA / "pipelines" / "tiny-sd15-dyn-b")
+    with pipelines.load(DATA / "pipelines" / "tiny-sd15-dyn", backend="reference") as pipe:
+        for hr in ("Both", "High res only"):
+            with pytest.raises(InputError, match=r"controlnets\[1\] acts in the hires pass.*guides the first model"):
+                pipe.generate("a cat", "", controlnets=[
+                    ControlNet(None, REFS["picture0"], preprocessor="reference_only", hr_option="Low res only"),
+                    ControlNet(None, REFS["picture1"], preprocessor="reference_adain", hr_option=hr)], **kw)
+        pipe.generate("a cat", "", controlnets=[ControlNet(None, REFS["picture0"], preprocessor="reference_only",
+                                                           hr_option="Low res only")], **kw)
+
+
+def test_a_windowed_reference_unit_compiles_the_unet_once():
+    """The write pass and the steps outside the unit's window feed banks of the read pass's shape (zeros, mix 0):
+    one compiled UNet through the run (docs/toolbox.md, "How sdrt does it")."""
+    register("reference")
+    case = next(c for c in CASES if c["name"] == "window-a1111")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        generate(pipe, case, controlnets=units(case) + [ControlNet(None, REFS["picture1"], 0.8, 0.0, 1.0,
+                                                                   "reference_adain", window="a1111")])
+        assert len(pipe.unet.sessions) == 1, list(pipe.unet.sessions)

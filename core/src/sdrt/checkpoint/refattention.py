@@ -235,19 +235,23 @@ def _module_outputs(model: Any) -> dict[str, tuple[str, str]]:
                 continue
             path, kind = m[1], m[4] or m[6]
             out = node.output[0]
-            if kind == "upsamplers":
-                found[path] = (out, name)
+            walked = [node]
+            if kind != "upsamplers":
+                for _ in range(8):  # through the reshapes back to NCHW, to the residual's Add
+                    nxt = consumers.get(out, [])
+                    if len(nxt) != 1:
+                        break
+                    out = nxt[0].output[0]
+                    walked.append(nxt[0])
+                    if nxt[0].op_type == "Add":
+                        break
+                after = consumers.get(out, [])
+                if kind == "resnets" and len(after) == 1 and after[0].op_type == "Div":  # output_scale_factor
+                    out = after[0].output[0]
+            # ONNX Runtime's fused layers (NhwcConv's channels-last output, SkipGroupNorm, BiasAdd) and casts hide
+            # the block's NCHW output in its own dtype: such a block is not found
+            if any(n.domain not in ("", "ai.onnx") or n.op_type == "Cast" for n in walked):
                 continue
-            for _ in range(8):  # through the reshapes back to NCHW, to the residual's Add
-                nxt = consumers.get(out, [])
-                if len(nxt) != 1:
-                    break
-                out = nxt[0].output[0]
-                if nxt[0].op_type == "Add":
-                    break
-            after = consumers.get(out, [])
-            if kind == "resnets" and len(after) == 1 and after[0].op_type == "Div":  # output_scale_factor
-                out = after[0].output[0]
             found[path] = (out, name)
     return found
 
@@ -300,7 +304,8 @@ def adain_graph(model: Any, where: str) -> Any:
     blocks = gn_blocks(model)
     if not blocks:
         raise ModelError("the UNet graph's blocks cannot be found (its resnets' conv2, transformers' proj_out and "
-                         "upsamplers' conv biases are not named as diffusers names them)", where=where,
+                         "upsamplers' conv biases are not named as diffusers names them, or ONNX Runtime's optimizer "
+                         "fused those layers)", where=where,
                          fix="use sdrt's shipped graphs (a single-file checkpoint) or an export that keeps diffusers' "
                              "names (torch.onnx / Optimum)")
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)

@@ -84,6 +84,7 @@ class ToolboxMixin:
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
             for k, unit in enumerate(tb.controlnets):
+                k = tb.place(unit, k)  # noqa: PLW2901 - its place among all the units given (reference units too)
                 cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet",  # type: ignore[attr-defined]
                                          sd=True)
                 if unit.union_mode is not None:  # a union Flux ControlNet's control type: no SD net has one
@@ -448,7 +449,8 @@ class ToolboxMixin:
             call.hooks.append(hook(self, refs, self.denoiser, state,  # type: ignore[attr-defined]
                                    getattr(self, "_ref_generator", None), width=width, height=height,
                                    batch=call.batch, hires=bool(hires),
-                                   sample_name=self.family.sample_input))  # type: ignore[attr-defined]
+                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]
+                                   slots=[s.toolbox.place(u, k) for k, u in enumerate(refs)]))
         return state
 
     def _control_nets(self, s: Settings, call: Any, width: int, height: int,
@@ -467,7 +469,7 @@ class ToolboxMixin:
         # the hires pass: the first pass's map resized to its size; the next image's first pass at its own again
         for k, unit in enumerate(units):
             if unit.control is None or tuple(unit.control.shape[-2:]) != (height, width):
-                unit.control = self._control_tensor(unit, width, height, k)
+                unit.control = self._control_tensor(unit, width, height, tb.place(unit, k))
         call.hooks.append(cn.hook(units, self.denoiser, state,  # type: ignore[attr-defined]
                                   latent_channels=self.family.latent_channels,  # type: ignore[attr-defined]
                                   sample_name=self.family.sample_input,  # type: ignore[attr-defined]

@@ -26,7 +26,7 @@ the first model's parts are released before the second's load, as A1111 unloads 
 the second's go once its VAE has decoded (or the pass stopped), as A1111 loads the first back; each loads again at its
 next pass.
 
-Not with a refiner, nor with ControlNet units or IP-Adapters acting in the second pass (they are bound to the first
+Not with a refiner, nor with ControlNet units (reference units too) or IP-Adapters acting in the second pass (they are bound to the first
 model's UNet): each is refused in one line.
 """
 
@@ -100,10 +100,12 @@ def check_toolbox(tb: Any) -> None:
     if tb.refiner is not None:
         raise InputError("{@hires_checkpoint} and {@refiner} both change the model mid-run, and sdrt runs one of them",
                          where="hires_checkpoint", fix="leave {@refiner} or {@hires_checkpoint} out")
-    for k, unit in enumerate(tb.controlnets):
+    for k, unit in enumerate(tb.units or tb.controlnets):  # the reference units too (sdrt.pipelines.refattn)
         if unit.hr_option != "Low res only":
-            raise InputError(f"controlnets[{k}] acts in the hires pass (hr_option {unit.hr_option!r}), and its "
-                             "residuals are the first model's UNet's, which the hires checkpoint replaces there",
+            what = ("it guides the first model's UNet" if any(unit is r for r in tb.references) else
+                    "its residuals are the first model's UNet's")
+            raise InputError(f"controlnets[{k}] acts in the hires pass (hr_option {unit.hr_option!r}), and {what}, "
+                             "which the hires checkpoint replaces there",
                              where="hires_checkpoint",
                              fix=f"set controlnets[{k}] hr_option 'Low res only', or leave {{@hires_checkpoint}} out")
     if tb.ip_adapter:

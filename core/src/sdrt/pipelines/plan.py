@@ -362,6 +362,7 @@ def _notes(s: Any) -> list[str]:
         notes.append("control image: VAE-encoded and concatenated to the noise at every step, preprocessor "
                      f"{getattr(control, 'preprocessor', 'none')}")
     for k, u in enumerate(tb.controlnets if tb is not None else []):
+        k = tb.place(u, k)  # noqa: PLW2901 - numbered among all the units given (reference units too)
         notes.append(f"controlnet {k}: {u.part.name if u.part is not None else u.net}, scale {u.scale:g}, "
                      f"steps {u.start:g}-{u.end:g}, preprocessor {u.preprocessor}"
                      + (f" at {u.made_at}" + (" (pixel perfect)" if u.pixel_perfect else "") if u.made_at else "")

@@ -155,13 +155,14 @@ class Layers:
 
 
 def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState, generator: Any, *,
-         width: int, height: int, batch: int, hires: bool, sample_name: str = "sample"
-         ) -> Any:
+         width: int, height: int, batch: int, hires: bool, sample_name: str = "sample",
+         slots: Sequence[int] | None = None) -> Any:
     """The denoiser hook of a pass: the write pass on the noised reference latents, then the read call's banks.
 
     Every call of a pass feeds banks of one shape (zeros and a mix of 0 where nothing is written), so that a
     backend compiles the edited UNet once: the write pass attends over as many zero tokens as the read pass has
-    banked ones. (Units with different windows change the shape on the steps where only some are on.)"""
+    banked ones. (Units with different windows change the shape on the steps where only some are on.) ``slots``:
+    each unit's place among the run's ``controlnets`` (what an error about its picture names)."""
     from ..checkpoint.refattention import gn_names, names
     from .controlnet import residual_inputs
 
@@ -169,7 +170,7 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
     family = pipe.family.name
     ms = pipe.family.model_sampling(width, height)
     c = pipe.family.latent_channels
-    latents = [latent(pipe, u, width, height, k) for k, u in enumerate(units)]
+    latents = [latent(pipe, u, width, height, slots[k] if slots is not None else k) for k, u in enumerate(units)]
     residuals = residual_inputs(part)
     noise = noise_source(pipe, generator)
     attn_units = [u for u in units if u.preprocessor in ATTN]
@@ -264,8 +265,10 @@ def latent(pipe: Any, unit: ControlNet, width: int, height: int, k: int) -> np.n
         return unit.origin[key]
     pixels = pipe._control_tensor(unit, width, height, k)  # [1, 3, H, W] in [0, 1]
     got = pipe._encode_image(pixels * np.float32(2.0) - np.float32(1.0), MEAN).astype(np.float32)
-    if not pipe._dry:  # the plan's dry run encodes to zeros: never kept for the run
-        unit.origin[key] = got
+    if pipe._dry:  # the plan's dry run encodes to zeros, 1 wide where the graph does not say its output's size (an
+        # ORT-optimized VAE's): the pass's latent size, never kept for the run
+        return np.zeros(pipe.family.latent_shape(1, height, width), np.float32)
+    unit.origin[key] = got
     return got
 
 

@@ -59,6 +59,11 @@ class Toolbox:
     references: list[Any] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)
 
+    def place(self, unit: Any, k: int) -> int:
+        """A unit's place in ``controlnets`` as given (``k``, its place among the ControlNet units, where the run has
+        no reference units): what errors and notes name it by."""
+        return next((j for j, v in enumerate(self.units) if v is unit), k)
+
     @property
     def per_image(self) -> bool:
         """Noise drawn per image as A1111 does (else diffusers' one stream for the batch)."""
