@@ -29,8 +29,10 @@ from typing import Any
 from ..errors import ModelError
 
 _LINEAR = ("to_q", "to_k", "to_v", "to_out.0")
-_BY_WEIGHT = re.compile(r"^(?:unet\.)?(.*\.attn2)\.(to_q|to_k|to_v|to_out\.0)\.weight$")
-_BY_NODE = re.compile(r"^/(?:unet/)?(.*/attn2)/(to_q|to_k|to_v|to_out\.0)/MatMul$")
+#: an attention layer's q/k/v/out MatMul, by its weight's name or by its node's name (torch.onnx / Optimum exports);
+#: ``{0}`` the layer's module name: attn2 (cross-attention) or attn1 (self-attention)
+_BY_WEIGHT = r"^(?:unet\.)?(.*\.{0})\.(to_q|to_k|to_v|to_out\.0)\.weight$"
+_BY_NODE = r"^/(?:unet/)?(.*/{0})/(to_q|to_k|to_v|to_out\.0)/MatMul$"
 
 
 def processor_order(path: str) -> tuple:
@@ -40,15 +42,18 @@ def processor_order(path: str) -> tuple:
     return (group, *(int(x) for x in re.findall(r"\.(\d+)(?=\.|$)", path)))
 
 
-def cross_layers(model: Any) -> dict[str, dict[str, Any]]:
-    """``{attn2 module path: {linear: its MatMul node}}`` for every cross-attention layer the graph names."""
+def attention_layers(model: Any, module: str = "attn2") -> dict[str, dict[str, Any]]:
+    """``{module path: {linear: its MatMul node}}`` for every attention layer named ``module`` (``attn2``: the
+    cross-attention, ``attn1``: the self-attention) the graph names, by node name or by weight name (through a
+    Transpose)."""
+    by_node, by_weight = re.compile(_BY_NODE.format(module)), re.compile(_BY_WEIGHT.format(module))
     g = model.graph
     producer = {o: n for n in g.node for o in n.output}
     found: dict[str, dict[str, Any]] = {}
     for node in g.node:
         if node.op_type != "MatMul" or len(node.input) != 2:
             continue
-        m = _BY_NODE.match(node.name)
+        m = by_node.match(node.name)
         if m:
             path, lin = m[1].replace("/", "."), m[2]
         else:
@@ -56,12 +61,17 @@ def cross_layers(model: Any) -> dict[str, dict[str, Any]]:
             src = producer.get(w)
             if src is not None and src.op_type == "Transpose":
                 w = src.input[0]
-            m = _BY_WEIGHT.match(w)
+            m = by_weight.match(w)
             if not m:
                 continue
             path, lin = m[1], m[2]
         found.setdefault(path, {})[lin] = node
     return found
+
+
+def cross_layers(model: Any) -> dict[str, dict[str, Any]]:
+    """``{attn2 module path: {linear: its MatMul node}}`` for every cross-attention layer the graph names."""
+    return attention_layers(model, "attn2")
 
 
 def processor_indices(paths: list[str]) -> dict[str, int]:

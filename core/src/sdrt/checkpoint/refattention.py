@@ -30,34 +30,12 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ModelError
-from .ipattention import own_heads, processor_order
-
-_BY_WEIGHT = re.compile(r"^(?:unet\.)?(.*\.attn1)\.(to_q|to_k|to_v|to_out\.0)\.weight$")
-_BY_NODE = re.compile(r"^/(?:unet/)?(.*/attn1)/(to_q|to_k|to_v|to_out\.0)/MatMul$")
+from .ipattention import attention_layers, own_heads, processor_order
 
 
 def self_layers(model: Any) -> dict[str, dict[str, Any]]:
     """``{attn1 module path: {linear: its MatMul node}}`` for every self-attention layer the graph names."""
-    g = model.graph
-    producer = {o: n for n in g.node for o in n.output}
-    found: dict[str, dict[str, Any]] = {}
-    for node in g.node:
-        if node.op_type != "MatMul" or len(node.input) != 2:
-            continue
-        m = _BY_NODE.match(node.name)
-        if m:
-            path, lin = m[1].replace("/", "."), m[2]
-        else:
-            w = node.input[1]
-            src = producer.get(w)
-            if src is not None and src.op_type == "Transpose":
-                w = src.input[0]
-            m = _BY_WEIGHT.match(w)
-            if not m:
-                continue
-            path, lin = m[1], m[2]
-        found.setdefault(path, {})[lin] = node
-    return found
+    return attention_layers(model, "attn1")
 
 
 def layer_places(paths: list[str]) -> dict[str, int]:
