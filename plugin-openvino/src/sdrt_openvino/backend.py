@@ -198,6 +198,36 @@ def _kind(device_id: str) -> str:
     return {"CPU": "cpu", "GPU": "gpu", "NPU": "npu"}.get(head, "gpu")
 
 
+#: the one ``openvino.Core`` of this process (``shared_core``), kept until the interpreter exits
+_CORE: Any = None
+_CORE_LOCK = threading.Lock()
+
+
+def shared_core() -> ov.Core:
+    """The process's one ``openvino.Core``, made on first use and kept until exit: every backend instance (a
+    registry reset, another registry, a serve worker's) compiles through it.
+
+    Why one: OpenVINO's CPU plugin (2026.4) gives the thread that compiles through a Core an alternate signal
+    stack of its own (``sigaltstack``); that Core's destruction unmaps it and puts back the stack that was in
+    place when it was installed. Two Cores that die in the order they were made (not nested) so leave the
+    thread on the unmapped stack of the first: the next signal handled on the alternate stack (Python's SIGINT
+    handler, faulthandler's SIGSEGV) cannot be delivered, and the kernel kills the process with SIGSEGV (rc
+    139), no traceback. One pytest process over many registries died that way at its first Ctrl-C test
+    (``scripts/ov_altstack_crash.py`` shows it with OpenVINO alone). A Core that outlives every later one keeps
+    the order nested."""
+    global _CORE
+    with _CORE_LOCK:
+        try:
+            import openvino as ov  # each time: a module gone since (uninstalled, blocked) is still refused
+
+            if _CORE is None:
+                _CORE = ov.Core()
+        except (ImportError, RuntimeError) as exc:
+            raise BackendUnavailable(f"OpenVINO cannot start: {first_lines(exc)}", where="openvino.Core()",
+                                     fix="pip install --force-reinstall openvino") from exc
+        return _CORE
+
+
 class OpenVINOBackend(Backend):
     name = "openvino"
     api_version = (1, 1)
@@ -231,13 +261,7 @@ class OpenVINOBackend(Backend):
     def core(self) -> ov.Core:
         with self._lock:
             if self._core is None:
-                try:
-                    import openvino as ov
-
-                    self._core = ov.Core()
-                except (ImportError, RuntimeError) as exc:
-                    raise BackendUnavailable(f"OpenVINO cannot start: {first_lines(exc)}", where="openvino.Core()",
-                                             fix="pip install --force-reinstall openvino") from exc
+                self._core = shared_core()
             return self._core
 
     @staticmethod
