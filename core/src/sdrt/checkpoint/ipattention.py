@@ -42,6 +42,40 @@ def processor_order(path: str) -> tuple:
     return (group, *(int(x) for x in re.findall(r"\.(\d+)(?=\.|$)", path)))
 
 
+def graph_index(g: Any) -> tuple[dict[str, Any], dict[str, Any], dict[str, list[Any]]]:
+    """``(initializers by name, producer node of each tensor, consumer nodes of each tensor)`` of graph ``g``."""
+    consumers: dict[str, list[Any]] = {}
+    for n in g.node:
+        for i in n.input:
+            consumers.setdefault(i, []).append(n)
+    return {t.name: t for t in g.initializer}, {o: n for n in g.node for o in n.output}, consumers
+
+
+def matmul_weight(node: Any, inits: dict[str, Any], producer: dict[str, Any]) -> Any:
+    """The initializer a MatMul ``node`` multiplies by (read through a Transpose), None when it is not one."""
+    w = node.input[1]
+    src = producer.get(w)
+    if w not in inits and src is not None and src.op_type == "Transpose":
+        w = src.input[0]
+    return inits.get(w)
+
+
+def value_info(name: str, dtype: int, shape: list[Any]) -> Any:
+    """A graph input/output ``name`` of ``dtype`` whose dims are names (str), sizes (int) or a graph's own dims."""
+    from onnx import helper
+
+    vi = helper.make_tensor_value_info(name, dtype, None)
+    for dim in shape:
+        new = vi.type.tensor_type.shape.dim.add()
+        if isinstance(dim, str):
+            new.dim_param = dim
+        elif isinstance(dim, int):
+            new.dim_value = dim
+        else:
+            new.CopyFrom(dim)
+    return vi
+
+
 def attention_layers(model: Any, module: str = "attn2") -> dict[str, dict[str, Any]]:
     """``{module path: {linear: its MatMul node}}`` for every attention layer named ``module`` (``attn2``: the
     cross-attention, ``attn1``: the self-attention) the graph names, by node name or by weight name (through a
@@ -100,28 +134,16 @@ def ip_attention_graph(model: Any, heads: Callable[[int], int], where: str, toke
                          "named as diffusers names them, by initializer or node name)", where=where,
                          fix="use sdrt's shipped graphs (a single-file checkpoint) or an export that keeps diffusers' "
                              "names (torch.onnx / Optimum)")
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[Any]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    inits, producer, consumers = graph_index(g)
     batch = next((i.type.tensor_type.shape.dim[0] for i in g.input if i.name == "encoder_hidden_states"), None)
     order = processor_indices(list(whole))
     extra: dict[str, list[Any]] = {}  # to_out node name -> nodes to insert before it
     new_inputs = []
 
-    def weight_of(node: Any) -> Any:
-        w = node.input[1]
-        src = producer.get(w)
-        if w not in inits and src is not None and src.op_type == "Transpose":
-            w = src.input[0]
-        return inits.get(w)
-
     for path, nodes in sorted(whole.items(), key=lambda kv: order[kv[0]]):
         k = order[path]
         q_node, out_node = nodes["to_q"], nodes["to_out.0"]
-        w = weight_of(q_node)
+        w = matmul_weight(q_node, inits, producer)
         if w is None or len(w.dims) != 2 or w.dims[0] != w.dims[1]:
             raise ModelError(f"the UNet graph's {path}.to_q has no square weight sdrt can read", where=where,
                              fix="use sdrt's shipped graphs or a torch.onnx / Optimum export")

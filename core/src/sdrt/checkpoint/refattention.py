@@ -30,7 +30,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ..errors import ModelError
-from .ipattention import attention_layers, own_heads, processor_order
+from .ipattention import attention_layers, graph_index, matmul_weight, own_heads, processor_order, value_info
 
 
 def self_layers(model: Any) -> dict[str, dict[str, Any]]:
@@ -69,40 +69,16 @@ def reference_graph(model: Any, heads: Callable[[int], int], where: str) -> Any:
                          "to_out MatMuls are not named as diffusers names them, by initializer or node name)",
                          where=where, fix="use sdrt's shipped graphs (a single-file checkpoint) or an export that "
                                           "keeps diffusers' names (torch.onnx / Optimum)")
-    inits = {t.name: t for t in g.initializer}
-    producer = {o: n for n in g.node for o in n.output}
-    consumers: dict[str, list[Any]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    inits, producer, consumers = graph_index(g)
     batch = next((i.type.tensor_type.shape.dim[0] for i in g.input if i.name == "sample"), None)
     places = layer_places(list(whole))
     extra: dict[str, list[Any]] = {}
     new_inputs, new_outputs = [], []
 
-    def weight_of(node: Any) -> Any:
-        w = node.input[1]
-        src = producer.get(w)
-        if w not in inits and src is not None and src.op_type == "Transpose":
-            w = src.input[0]
-        return inits.get(w)
-
-    def info(name: str, dtype: int, shape: list[Any]) -> Any:
-        vi = helper.make_tensor_value_info(name, dtype, None)
-        for dim in shape:
-            new = vi.type.tensor_type.shape.dim.add()
-            if isinstance(dim, str):
-                new.dim_param = dim
-            elif isinstance(dim, int):
-                new.dim_value = dim
-            else:
-                new.CopyFrom(dim)
-        return vi
-
     for path, nodes in sorted(whole.items(), key=lambda kv: places[kv[0]]):
         k = places[path]
         q_node, k_node, v_node, out_node = (nodes[x] for x in ("to_q", "to_k", "to_v", "to_out.0"))
-        w = weight_of(q_node)
+        w = matmul_weight(q_node, inits, producer)
         if w is None or len(w.dims) != 2 or w.dims[0] != w.dims[1]:
             raise ModelError(f"the UNet graph's {path}.to_q has no square weight sdrt can read", where=where,
                              fix="use sdrt's shipped graphs or a torch.onnx / Optimum export")
@@ -118,9 +94,9 @@ def reference_graph(model: Any, heads: Callable[[int], int], where: str) -> Any:
         d = width // h
         bank_out, bank_in, mix = names(k)
         rows = batch if batch is not None else "batch"
-        new_outputs.append(info(bank_out, dtype, [rows, f"ref_self_tokens_{k}", width]))
-        new_inputs.append(info(bank_in, dtype, [rows, f"ref_tokens_{k}", width]))
-        new_inputs.append(info(mix, dtype, [rows, 1, 1]))
+        new_outputs.append(value_info(bank_out, dtype, [rows, f"ref_self_tokens_{k}", width]))
+        new_inputs.append(value_info(bank_in, dtype, [rows, f"ref_tokens_{k}", width]))
+        new_inputs.append(value_info(mix, dtype, [rows, 1, 1]))
         t = f"/ref_attn/{k}/"
         x, q, plain = q_node.input[0], q_node.output[0], out_node.input[0]
         added = [
@@ -201,10 +177,7 @@ def _module_outputs(model: Any) -> dict[str, tuple[str, str]]:
     transformers (after the residual) and upsamplers, found from their last layer's bias (``conv2``, ``proj_out``,
     ``conv``), a name every exporter keeps."""
     g = model.graph
-    consumers: dict[str, list[Any]] = {}
-    for n in g.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
+    consumers = graph_index(g)[2]
     found: dict[str, tuple[str, str]] = {}
     for node in g.node:
         for name in node.input:
@@ -295,16 +268,7 @@ def adain_graph(model: Any, where: str) -> Any:
     new_inputs, new_outputs = [], []
 
     def info(name: str, shape: list[Any]) -> Any:
-        vi = helper.make_tensor_value_info(name, dtype, None)
-        for dim in shape:
-            new = vi.type.tensor_type.shape.dim.add()
-            if isinstance(dim, str):
-                new.dim_param = dim
-            elif isinstance(dim, int):
-                new.dim_value = dim
-            else:
-                new.CopyFrom(dim)
-        return vi
+        return value_info(name, dtype, shape)
 
     def mean(x: str, out: str, t: str) -> list[Any]:
         if opset >= 18:
