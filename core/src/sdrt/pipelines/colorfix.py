@@ -72,16 +72,15 @@ def fix_eps(eps: np.ndarray, x_in: np.ndarray, timestep: float, alphas_cumprod: 
     ``x_in`` and the rounded ``timestep``, its low frequencies (``blur`` of radius ``k``) replaced by the picture
     latent ``origin``'s; with ``sharpness`` (``+sharp``) the rows whose ``marks`` are 0 pulled toward their blur by
     ``sharpness * 0.01``; the noise recomputed and mixed with ``eps`` at ``weight`` clipped to [0, 1]."""
-    ab = float(alphas_cumprod[int(np.clip(np.round(float(timestep)), 0, len(alphas_cumprod) - 1))])
-    sr, srm1 = np.float32(np.sqrt(1.0 / ab)), np.float32(np.sqrt(1.0 / ab - 1.0))
-    x = np.asarray(x_in, np.float32)
-    x0 = sr * x - srm1 * eps
-    x0 = x0 - blur(x0, k) + blur(origin, k)
-    if sharpness is not None:
-        d = np.float32(float(sharpness) * 0.01)
-        neg = d * blur(x0, k) + (1 - d) * x0
-        mark = np.ones((x0.shape[0], 1, 1, 1), np.float32) if marks is None else marks
-        x0 = mark * x0 + (1 - mark) * neg
-    new = (sr * x - x0) / srm1
-    w = np.float32(max(0.0, min(1.0, float(weight))))
-    return (new * w + eps * (1 - w)).astype(eps.dtype, copy=False)
+    from .scheduling import through_x0
+
+    def change(x0: np.ndarray) -> np.ndarray:
+        x0 = x0 - blur(x0, k) + blur(origin, k)
+        if sharpness is not None:
+            d = np.float32(float(sharpness) * 0.01)
+            neg = d * blur(x0, k) + (1 - d) * x0
+            mark = np.ones((x0.shape[0], 1, 1, 1), np.float32) if marks is None else marks
+            x0 = mark * x0 + (1 - mark) * neg
+        return x0
+
+    return through_x0(eps, x_in, timestep, alphas_cumprod, weight, change)

@@ -315,11 +315,21 @@ class ToolboxMixin:
             unit.prepared = made
         return control_tensor(made)
 
+    def _picture_latent(self, unit: cn.ControlNet, width: int, height: int) -> np.ndarray:
+        """The VAE encoder's mean of a unit's prepared map at ``width x height`` (its RGB; an inpaint map's mask
+        channel left out), the picture latent ``inpaint_only``'s restore and the colour fix read; kept per size."""
+        from .reference import MEAN
+
+        if (width, height) not in unit.origin:
+            a = unit.prepared
+            rgb = a[:, :, :3].astype(np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
+            unit.origin[(width, height)] = self._encode_image(rgb, MEAN).astype(np.float32)  # type: ignore[attr-defined]
+        return unit.origin[(width, height)]
+
     def _restore_hook(self, units: list[cn.ControlNet], ms: Any, width: int, height: int) -> Any:
         """sd-webui-controlnet's ``inpaint_only`` restore (sdrt.pipelines.inpaintcn.restore_eps) of each such unit,
         on every UNet call of the pass, after the UNet; None when no unit restores."""
         from .inpaintcn import latent_mask, restore_eps
-        from .reference import MEAN
 
         restoring = [u for u in units if u.restores and u.prepared is not None]
         if not restoring or self._dry:
@@ -327,13 +337,7 @@ class ToolboxMixin:
         _check_ddpm_eps(ms, "inpaint_only restores the picture", "use the inpaint preprocessor instead on this model")
         c = self.family.latent_channels  # type: ignore[attr-defined]
         name = self.family.sample_input  # type: ignore[attr-defined]
-        steps = []
-        for unit in restoring:
-            a = unit.prepared
-            if (width, height) not in unit.origin:
-                rgb = a[:, :, :3].astype(np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
-                unit.origin[(width, height)] = self._encode_image(rgb, MEAN).astype(np.float32)  # type: ignore[attr-defined]
-            steps.append((unit, latent_mask(a), unit.origin[(width, height)]))
+        steps = [(unit, latent_mask(unit.prepared), self._picture_latent(unit, width, height)) for unit in restoring]
 
         def after(feeds: dict[str, np.ndarray], out: np.ndarray) -> np.ndarray:
             x = np.asarray(feeds[name])[:, :c]
@@ -351,7 +355,6 @@ class ToolboxMixin:
         and before any ``inpaint_only`` restore; ``hires_pass``: the hires fix's second pass, where the blur of a unit that
         takes part in it is twice as wide. None when no unit has it."""
         from . import colorfix
-        from .reference import MEAN
 
         fixing = [u for u in units if u.preprocessor in colorfix.NAMES and u.prepared is not None]
         if not fixing or self._dry:
@@ -362,12 +365,9 @@ class ToolboxMixin:
         name = self.family.sample_input  # type: ignore[attr-defined]
         steps = []
         for unit in fixing:
-            if (width, height) not in unit.origin:
-                rgb = unit.prepared.astype(np.float32).transpose(2, 0, 1)[None] / np.float32(127.5) - np.float32(1.0)
-                unit.origin[(width, height)] = self._encode_image(rgb, MEAN).astype(np.float32)  # type: ignore[attr-defined]
             k = colorfix.radius(unit.low, hires_pass and cn.on_pass(unit, True))
             sharp = (1.0 if unit.high is None else unit.high) if unit.preprocessor == colorfix.SHARP else None
-            steps.append((unit, k, sharp, unit.origin[(width, height)]))
+            steps.append((unit, k, sharp, self._picture_latent(unit, width, height)))
 
         def after(feeds: dict[str, np.ndarray], out: np.ndarray) -> np.ndarray:
             x = np.asarray(feeds[name])[:, :c]

@@ -106,13 +106,9 @@ def restore_eps(eps: np.ndarray, x_in: np.ndarray, timestep: float, alphas_cumpr
     """The extension's ``inpaint_only`` restore of one UNet call: ``x0`` predicted from the noise ``eps`` at the
     scaled input ``x_in`` (the DDPM ``x_t``) and the rounded ``timestep``, the picture's latent ``origin`` put back
     outside ``mask``, the noise recomputed, mixed with ``eps`` at ``weight`` clipped to [0, 1]."""
-    ab = float(alphas_cumprod[int(np.clip(np.round(float(timestep)), 0, len(alphas_cumprod) - 1))])
-    sr, srm1 = np.float32(np.sqrt(1.0 / ab)), np.float32(np.sqrt(1.0 / ab - 1.0))
-    x = x_in.astype(np.float32)
-    x0 = (sr * x - srm1 * eps) * mask + origin * (1 - mask)
-    new = (sr * x - x0) / srm1
-    w = np.float32(max(0.0, min(1.0, float(weight))))
-    return (new * w + eps * (1 - w)).astype(eps.dtype, copy=False)
+    from .scheduling import through_x0
+
+    return through_x0(eps, x_in, timestep, alphas_cumprod, weight, lambda x0: x0 * mask + origin * (1 - mask))
 
 
 def _max3(m: np.ndarray, r: int, axis: int) -> np.ndarray:

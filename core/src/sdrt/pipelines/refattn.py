@@ -165,6 +165,7 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
     each unit's place among the run's ``controlnets`` (what an error about its picture names)."""
     from ..checkpoint.refattention import gn_names, names
     from .controlnet import residual_inputs
+    from .scheduling import alpha_at
 
     layers = Layers(part)
     family = pipe.family.name
@@ -208,9 +209,7 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
         on = [(u, lat) for u, lat in zip(units, latents) if state.on(u)]
         if not on:
             return base
-        t = int(np.rint(float(np.asarray(feeds["timestep"]).reshape(-1)[0])))
-        t = min(max(t, 0), len(ms.alphas_cumprod) - 1)
-        a = float(ms.alphas_cumprod[t])
+        a = alpha_at(ms.alphas_cumprod, float(np.asarray(feeds["timestep"]).reshape(-1)[0]))
         banks: dict[int, list[np.ndarray]] = {k: [] for k in layers.widths}
         fids: dict[int, list[float]] = {k: [] for k in layers.widths}
         stats: dict[int, list[tuple[np.ndarray, np.ndarray]]] = {i: [] for i in layers.blocks}

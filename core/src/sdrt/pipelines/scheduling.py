@@ -320,6 +320,26 @@ FLOW_SCHEDULERS = frozenset({"FlowMatchEulerDiscreteScheduler", "FlowMatchHeunDi
 EDM_SCHEDULERS = frozenset({"EDMDPMSolverMultistepScheduler", "EDMEulerScheduler"})
 
 
+def alpha_at(alphas_cumprod: np.ndarray, timestep: float) -> float:
+    """``alphas_cumprod`` at ``timestep`` rounded (half to even) and kept in the table: the DDPM ``alpha_bar`` that
+    sd-webui-controlnet's UNet hooks read at a call's timestep."""
+    return float(alphas_cumprod[int(np.clip(np.round(float(timestep)), 0, len(alphas_cumprod) - 1))])
+
+
+def through_x0(eps: np.ndarray, x_in: np.ndarray, timestep: float, alphas_cumprod: np.ndarray, weight: float,
+               change: Any) -> np.ndarray:
+    """One UNet call's noise ``eps`` edited through its ``x0``, as sd-webui-controlnet's hooks edit it: ``x0``
+    predicted from ``eps`` at the scaled input ``x_in`` (the DDPM ``x_t``) and the rounded ``timestep``,
+    ``change(x0)`` made, the noise recomputed from it and mixed with ``eps`` at ``weight`` clipped to [0, 1]."""
+    ab = alpha_at(alphas_cumprod, timestep)
+    sr, srm1 = np.float32(np.sqrt(1.0 / ab)), np.float32(np.sqrt(1.0 / ab - 1.0))
+    x = np.asarray(x_in, np.float32)
+    x0 = change(sr * x - srm1 * eps)
+    new = (sr * x - x0) / srm1
+    w = np.float32(max(0.0, min(1.0, float(weight))))
+    return (new * w + eps * (1 - w)).astype(eps.dtype, copy=False)
+
+
 def edm_sampling(config: dict[str, Any], where: str) -> Any:
     """The ``EDMSchedule`` an EDM scheduler config describes: its ``sigma_min``, ``sigma_max``, ``sigma_data`` and
     ``prediction_type`` (diffusers' EDM schedulers' defaults where unset: 0.002, 80, 0.5, epsilon)."""
