@@ -89,6 +89,8 @@ ANNOTATORS: dict[str, Files] = {
     # annotator/leres first (as depth_leres), latest_net_G.pth from downloads/leres: so each file on its own
     "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's",
                            apart=((), ())),
+    # LaMa (big-lama) for inpaint_only+lama: the extension's annotator/downloads/lama (Forge: ControlNetPreprocessor)
+    "inpaint_only+lama": Files(("ControlNetLama.pth",), ("lama",), ("lllyasviel/Annotators",), "LaMa's"),
 }
 
 

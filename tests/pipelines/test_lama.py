@@ -1,0 +1,99 @@
+"""``inpaint_only+lama``: LaMa's fill (sdrt.pipelines.lamafill) against the extension's own generator.
+
+References: scripts/ref_lama.py built the extension's ``FFCResNetGenerator`` (annotator/lama, from its config.yaml;
+the published file's names and shapes checked equal to sdrt's for ngf 64 and 18 blocks, 51,057,027 parameters),
+loaded the small seeded generator lama_helpers writes (ngf 8, 2 FFC blocks, the same names otherwise) and ran the
+extension's code around it on two RGBA pictures: 72x100 (enlarged to 256, bicubic) and 264x280 (shrunk, area).
+tests/data/lama/refs.npz holds the pictures, the maps and the generator's output on the first 64 rows of the first.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from lama_helpers import make_lama, write_pth  # noqa: E402
+from pipeline_helpers import register  # noqa: E402
+
+from sdrt.errors import InputError, ModelError  # noqa: E402
+from sdrt.pipelines import lamafill  # noqa: E402
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "lama"
+
+
+@pytest.fixture(scope="module")
+def refs():
+    return np.load(DATA / "refs.npz")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    """sd-webui-controlnet's layout: <models>/extensions/sd-webui-controlnet/annotator/downloads/lama."""
+    root = tmp_path_factory.mktemp("lama")
+    folder = root / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "lama"
+    folder.mkdir(parents=True)
+    write_pth(folder / lamafill.LAMA_FILE, make_lama())
+    return root
+
+
+def _file(models):
+    from sdrt.pipelines.annotators import find
+
+    return find("inpaint_only+lama", models, "models")[0]
+
+
+def _close(made, ref):
+    """At most 1 level apart (float32 sums in another order move a value across a truncation step now and then)."""
+    assert made.shape == ref.shape and made.dtype == np.uint8
+    d = np.abs(made.astype(int) - ref.astype(int))
+    assert d.max() <= 1 and (d > 0).mean() <= 0.01, (int(d.max()), float((d > 0).mean()))
+    return d
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_fill_equals_the_extension(refs, models, backend):
+    register(backend)
+    with lamafill.Lama(_file(models), backend=backend) as net:
+        for key in ("up", "down"):
+            made = lamafill.fill(refs[f"{key}_rgba"], net)
+            _close(made, refs[f"{key}_map"])
+            assert np.array_equal(made[:, :, 3], refs[f"{key}_rgba"][:, :, 3])
+        # the generator itself, on the padded 256x384 feed of the first picture
+        img, _ = lamafill._resize_with_pad(refs["up_rgba"], lamafill.LAMA_RES)
+        mask = (img[:, :, 3:4].astype(np.float32) / np.float32(255) > 0.5).astype(np.float32)
+        color = img[:, :, :3].astype(np.float32) / np.float32(255) * (1 - mask)
+        raw = net.predict(np.concatenate([color, mask], axis=2).transpose(2, 0, 1))
+        assert np.abs(raw[:, :64] - refs["up_raw"]).max() < 2e-4
+
+
+def test_wrong_files_are_one_line(tmp_path, models):
+    arrays = make_lama()
+    broken = dict(arrays)
+    broken.pop("model.6.conv2.ffc.convg2g.fu.conv_layer.weight")
+    with pytest.raises(ModelError, match=r"is not LaMa's ControlNetLama.pth.*1 of its .* missing.*download "
+                                         r"ControlNetLama.pth \(lllyasviel/Annotators") as info:
+        lamafill.Lama(write_pth(tmp_path / "a" / lamafill.LAMA_FILE if (tmp_path / "a").mkdir() is None else None,
+                                broken))
+    assert "\n" not in info.value.what
+    other = dict(arrays)
+    other["model.1.ffc.convl2l.weight"] = np.zeros((8, 3, 7, 7), np.float32)
+    with pytest.raises(ModelError, match=r"model.1.ffc.convl2l.weight is \(8, 3, 7, 7\)"):
+        lamafill.Lama(write_pth(tmp_path / "other.pth", other))
+    (tmp_path / "trunc.pth").write_bytes(_file(models).read_bytes()[:5000])
+    with pytest.raises(ModelError, match="could not be read"):
+        lamafill.Lama(tmp_path / "trunc.pth")
+    with pytest.raises(InputError, match=r"no ControlNetLama.pth in .*download it \(lllyasviel/Annotators\)"):
+        from sdrt.pipelines.annotators import find
+
+        find("inpaint_only+lama", tmp_path / "empty" if (tmp_path / "empty").mkdir() is None else None, "models")
+
+
+def test_prefixed_names_load(tmp_path, refs):
+    """A state dict saved from the training module (``generator.`` before each name) is the same network."""
+    arrays = {"generator." + k: v for k, v in make_lama().items()}
+    with lamafill.Lama(write_pth(tmp_path / "prefixed.pth", arrays), backend="openvino") as net:
+        _close(lamafill.fill(refs["up_rgba"], net), refs["up_map"])
