@@ -94,7 +94,7 @@ def test_hint_and_maps_follow_the_extension() -> None:
 
 def test_inpaint_units_refused_in_one_line() -> None:
     z = np.load(FOLDER / "inpaint.npz")
-    with pytest.raises(InputError, match="LaMa"):
+    with pytest.raises(InputError, match="inpaint_only\\+lama preprocessor needs ControlNetLama.pth"):
         pipelines.controlnet.parse_units([ControlNet("controlnet", z["picture"], preprocessor="inpaint_only+lama")])
     with pytest.raises(InputError, match="no control image"):
         pipelines.controlnet.parse_units([ControlNet("controlnet", None, preprocessor="canny")])
@@ -115,8 +115,8 @@ def test_inpaint_units_refused_in_one_line() -> None:
 
 def test_inpaint_on_the_command_line(tmp_path, capsys) -> None:
     """--control-preprocessor inpaint_only with --control-mask gives the reference image and its infotext; a unit whose
-    --control-image is the --init-image takes --mask (the extension's unit without an image); inpaint_only+lama is one
-    line naming the flag."""
+    --control-image is the --init-image takes --mask (the extension's unit without an image); inpaint_only+lama
+    without --control-preprocessor-models is one line naming the file it needs."""
     from PIL import Image
 
     from sdrt.cli import main
@@ -147,7 +147,7 @@ def test_inpaint_on_the_command_line(tmp_path, capsys) -> None:
     capsys.readouterr()
     assert main([*args(only)[:-4], "--control-preprocessor", "inpaint_only+lama", "-o", str(out)]) == 1
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--control-preprocessor inpaint_only+lama" in err and "LaMa" in err, err
+    assert err.count("\n") == 1 and "--control-preprocessor inpaint_only+lama" in err and "ControlNetLama.pth" in err, err
 
 
 def test_resized_maps_equal_the_extensions() -> None:

@@ -97,3 +97,55 @@ def test_prefixed_names_load(tmp_path, refs):
     arrays = {"generator." + k: v for k, v in make_lama().items()}
     with lamafill.Lama(write_pth(tmp_path / "prefixed.pth", arrays), backend="openvino") as net:
         _close(lamafill.fill(refs["up_rgba"], net), refs["up_map"])
+
+
+# ------------------------------------------------------------------------------------------ the unit in a run
+def _lama_case():
+    import json
+
+    from pipeline_helpers import DATA as PDATA
+
+    folder = PDATA / "tiny-sd15-controlnet"
+    return folder, json.loads((folder / "lama.json").read_text())[0], np.load(folder / "lama.npz"), \
+        np.load(folder / "inpaint.npz")
+
+
+def _lama_run(pipe, case, z, models, **over):
+    from sdrt.pipelines.controlnet import ControlNet
+
+    unit = ControlNet(case["controlnet"], z["picture"], case["scale"], preprocessor=over.pop("preprocessor",
+                                                                                             case["preprocessor"]),
+                      control_mask=z["mask"], preprocessor_models=models)
+    return pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit], steps=case["steps"],
+                         cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+                         height=case["height"], **over).images[0]
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_lama_unit_equals_the_extension(models, backend):
+    """scripts/gen_lama_controlnet_refs.py: the extension's unit in torch (LaMa's fill, the inpaint_only hint, restore
+    and blend on the filled picture, the first noise leaning towards its latent); within 1 level."""
+    from sdrt import pipelines
+
+    register(backend)
+    folder, case, ref, z = _lama_case()
+    options = {} if backend == "reference" else {"precision": "fp32"}
+    with pipelines.load(folder, backend=backend, **options) as pipe:
+        image = _lama_run(pipe, case, z, models)
+    d = np.abs(image.astype(int) - ref["image"][0].astype(int))
+    assert d.max() <= 1, int(d.max())
+
+
+def test_lama_unit_has_teeth(models):
+    """Without the noise lean (the first noise as drawn), or inpaint_only's (no fill), the image moves."""
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+
+    folder, case, ref, z = _lama_case()
+    with pipelines.load(folder, backend=fast_backend(), precision="fp32") as pipe:
+        only = _lama_run(pipe, case, z, None, preprocessor="inpaint_only")
+        lama = _lama_run(pipe, case, z, models)
+    assert np.abs(lama.astype(int) - ref["image"][0]).max() <= 1
+    assert np.abs(lama.astype(int) - ref["without_lean"][0]).max() >= 3
+    assert np.abs(only.astype(int) - ref["image"][0]).max() >= 3

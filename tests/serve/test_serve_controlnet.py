@@ -247,7 +247,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
     ({"model": "controlnet", "module": "seg_ofade20k"}, 400, "module", "is not one of sdrt's"),
-    ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs the LaMa model"),
+    ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs ControlNetLama.pth, found in"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_plus"}, 400, "model", "is no IP-Adapter file"),
@@ -482,9 +482,12 @@ def test_the_model_free_modules_as_the_extension_lists_and_runs_them(cn_server, 
                         preprocess(photo, "tile_resample", 1.0))):
         r = post(body)
         assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), body
-    for body, field, words in (({"controlnet_module": "inpaint_only+lama"}, "controlnet_module", "the LaMa model"),):
+    for body, status, field, words in (
+            ({"controlnet_module": "inpaint_only+lama"}, 422, "controlnet_masks", "requires `controlnet_masks`"),
+            ({"controlnet_module": "inpaint_only+lama", "controlnet_masks": [_b64(photo)]}, 400, "controlnet_module",
+             "needs ControlNetLama.pth, found in")):
         r = post(body)
-        assert r.status_code == 400 and r.json()["field"] == field and words in r.json()["message"], r.text
+        assert r.status_code == status and r.json()["field"] == field and words in r.json()["message"], r.text
     r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [
         {"image": _b64(photo), "model": "controlnet", "module": "shuffle"},
         {"image": _b64(photo), "model": "controlnet_2", "module": "tile_resample", "threshold_a": 2, "weight": 0.5}]}}))

@@ -1,8 +1,8 @@
 """sd-webui-controlnet's inpaint modules through the A1111 API: ``inpaint_only`` with a unit's image and mask in
 txt2img, ``inpaint_global_harmonious`` without an image in img2img with a mask (the init image and the request's
 mask, as the extension's ``choose_input_image``), each the Python API's picture (itself checked against diffusers
-and the extension's algorithm in tests/pipelines/test_inpaint_controlnet.py); ``inpaint_only+lama`` is a 400 naming
-what to use instead."""
+and the extension's algorithm in tests/pipelines/test_inpaint_controlnet.py); ``inpaint_only+lama`` without
+ControlNetLama.pth under the server's models folder is a 400 naming the file."""
 
 from __future__ import annotations
 
@@ -98,7 +98,7 @@ def test_inpaint_only_txt2img_and_harmonious_img2img(server, models) -> None:
 
 
 @pytest.mark.parametrize("unit, field, words", [
-    ({"module": "inpaint_only+lama"}, "module", "needs the LaMa model"),
+    ({"module": "inpaint_only+lama"}, "module", "inpaint_only+lama needs ControlNetLama.pth, found in neither"),
     ({"module": "inpaint_only", "image": None, "mask": "x"}, "mask", "is given without"),
 ])
 def test_inpaint_refusals(server, unit, field, words) -> None:

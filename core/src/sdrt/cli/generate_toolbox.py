@@ -38,14 +38,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-mask", action="append", default=[], metavar="PNG",
                    help="the mask (white = repaint) of an SD3 inpainting ControlNet's --control-image, the picture "
                         "to inpaint (alimama's SD3-Controlnet-Inpainting), or of an inpaint / inpaint_only unit's "
-                        "(control_v11p_sd15_inpaint; a unit whose --control-image is the --init-image takes --mask)")
+                        "(control_v11p_sd15_inpaint; inpaint_only+lama too; a unit whose --control-image is the --init-image takes "
+                        "--mask)")
     g.add_argument("--control-scale", action="append", type=float, default=[], metavar="S", help="weight (1)")
     g.add_argument("--control-start", action="append", type=float, default=[], metavar="A",
                    help="first step, as a fraction of the steps (0)")
     g.add_argument("--control-end", action="append", type=float, default=[], metavar="B",
                    help="last step, as a fraction of the steps (1)")
     g.add_argument("--control-preprocessor", action="append", default=[],
-                   choices=[*PREPROCESSORS, "inpaint_global_harmonious", "inpaint_only+lama"],
+                   choices=[*PREPROCESSORS, "inpaint_global_harmonious"],
                    metavar="NAME", help="turn the image into a control map first, with sd-webui-controlnet's "
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models; "
@@ -59,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
                         "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
                         "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
-                        "hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
+                        "hand_pose_model.pth and/or facenet.pth; inpaint_only+lama: ControlNetLama.pth; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
@@ -344,15 +345,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             nets = [None if pre in REFERENCE else next(own) for pre in pres]
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
-        from ..pipelines.inpaintcn import ALIASES, LAMA
+        from ..pipelines.inpaintcn import ALIASES
         from ..pipelines.preprocessors import check_thresholds
 
         for pre, low, high in zip(pres, lows, highs):  # in the flags' words (the pipeline's: "controlnets[0] low")
-            if pre == LAMA:
-                raise InputError(f"{LAMA} fills the mask with the LaMa model first, which sdrt does not have",
-                                 where=f"--control-preprocessor {LAMA}",
-                                 fix="use --control-preprocessor inpaint_only (the same hint and blend, without "
-                                     "LaMa's fill) or inpaint")
             check_thresholds(ALIASES.get(pre, pre or "none"), low, high, "",
                              ("--control-threshold-a", "--control-threshold-b"))
         if args.control_pose_models and args.control_preprocessor_models:
@@ -391,7 +387,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
                 _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect):
-            if pre in ("inpaint", "inpaint_only", "inpaint_global_harmonious") and mask is None and init is not None \
+            if pre in ("inpaint", "inpaint_only", "inpaint_only+lama", "inpaint_global_harmonious") and mask is None and init is not None \
                     and Path(image).resolve() == Path(init).resolve():
                 image = None  # the extension's unit without an image: the run's init image and --mask
             units.append(ControlNet(net, image, 1.0 if scale is None else scale, 0.0 if start is None else start,

@@ -55,7 +55,7 @@ from .controlmaps import finite_number
 from .preprocessors import AT_RESOLUTION, NAMES, WITH_MODELS, check_thresholds, threshold_fields
 from .preprocessors import preprocess as _preprocess
 
-INPAINT_NAMES = ("inpaint", "inpaint_only")  #: sdrt.pipelines.inpaintcn.INPAINT
+INPAINT_NAMES = ("inpaint", "inpaint_only", "inpaint_only+lama")  #: sdrt.pipelines.inpaintcn.INPAINT
 COLORFIX_NAMES = ("tile_colorfix", "tile_colorfix+sharp")  #: sdrt.pipelines.colorfix.NAMES
 #: True while a run plan runs the pipeline dry (sdrt.pipelines.plan.dry_run): a model-backed preprocessor's map is
 #: then zeros of the size it would have, and its network neither compiles nor runs
@@ -281,13 +281,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             raise InputError(f"{where} starts at {unit.start:g}, after its end {unit.end:g}", where=where,
                              fix="pass start <= end (fractions of the steps, 0 to 1)")
         from .inpaintcn import ALIASES as INPAINT_ALIASES
-        from .inpaintcn import INPAINT, LAMA
+        from .inpaintcn import INPAINT
 
         unit.preprocessor = INPAINT_ALIASES.get(unit.preprocessor, unit.preprocessor)
-        if unit.preprocessor == LAMA:
-            raise InputError(f"{where}: {LAMA} fills the mask with the LaMa model first, which sdrt does not have",
-                             where=where, fix="use preprocessor='inpaint_only' (the same hint and blend, without "
-                                              "LaMa's fill) or 'inpaint'")
         if unit.preprocessor not in PREPROCESSORS:
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
                              fix=f"use one of {', '.join(PREPROCESSORS)}")
@@ -449,9 +445,26 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
             mask = cut_control(np.repeat(mask[:, :, None], 3, axis=2), unit.region, unit.resize, width, height,
                                "control mask", where)[:, :, 0]
     if unit.preprocessor in INPAINT_NAMES:
-        from .inpaintcn import rgba
+        from .inpaintcn import LAMA, rgba
 
-        return rgba(rgb, mask)
+        a = rgba(rgb, mask)
+        if unit.preprocessor != LAMA:
+            return a
+        if unit.resize == "Resize and Fill":  # the extension's outpaint fix: fitted (the padding masked) before LaMa
+            from .inpaintcn import resize_map
+
+            a = resize_map(a, width, height, unit.resize)
+        if PLANNING.get():  # a run plan: the map's size, no network
+            return np.zeros_like(a)
+        from .preprocessors import lama_fill
+
+        try:
+            return lama_fill(a, unit.preprocessor_models, unit.pose_backend or "auto", unit.pose_device,
+                             f"{where} {unit.models_arg}")
+        except (ModelError, WeightsError) as exc:  # the file named, where it was given the unit's argument
+            if isinstance(exc, FileChanged) or not exc.where or not os.path.isfile(exc.where):
+                raise
+            raise type(exc)(exc.what, where=f"{where} {unit.models_arg}", fix=exc.fix) from None
     res = processor_resolution(unit, rgb.shape[0], rgb.shape[1], width, height)
     if unit.preprocessor in AT_RESOLUTION and unit.made_at is None:  # the infotext's: what ran (None: the image's own)
         unit.made_at = res if res is not None else min(rgb.shape[:2])

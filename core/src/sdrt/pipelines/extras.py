@@ -55,6 +55,7 @@ class ToolboxMixin:
         tb: Toolbox = s.toolbox
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
+        self._lama_noise = True  # the job's first batch: inpaint_only+lama's HackedImageRNG (_noise)
         cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
         for unit in tb.controlnets:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
             if unit.pose_backend is None:
@@ -137,6 +138,7 @@ class ToolboxMixin:
         picture, the run's init image with the run's mask (blurred as the run blurs it) and the run's resize mode;
         ``inpaint_only`` restores the picture outside its mask unless the run has a mask of its own."""
         from .images import LATENT_UPSCALE
+        from .inpaintcn import LAMA
 
         if unit.preprocessor not in cn.INPAINT_NAMES:
             return
@@ -148,7 +150,8 @@ class ToolboxMixin:
             unit.image = s.init_image
             unit.control_mask = self._mask_gray(s)  # type: ignore[attr-defined]
             unit.resize = "Just Resize" if s.resize_mode == LATENT_UPSCALE else s.resize_mode
-        unit.restores = unit.preprocessor == "inpaint_only" and s.mask is None
+        # inpaint_only+lama restores in a run with a mask too: the extension falls back for inpaint_only alone
+        unit.restores = (unit.preprocessor == "inpaint_only" and s.mask is None) or unit.preprocessor == LAMA
         unit.origin = {}
 
     def _prepare_ip_adapter(self, s: Settings) -> None:
@@ -391,10 +394,24 @@ class ToolboxMixin:
         return images
 
     # ------------------------------------------------------------------ noise
-    def _noise(self, s: Settings, shape: tuple[int, ...], seed: int, subseed: int | None) -> Any:
+    def _noise(self, s: Settings, shape: tuple[int, ...], seed: int, subseed: int | None, first: bool = False) -> Any:
+        """The run's noise; ``first``: a first pass's (not the hires pass's). With an ``inpaint_only+lama`` unit the
+        first pass of the job's first batch draws noise leaning towards the filled picture's latent, as the
+        extension's ``HackedImageRNG`` (sdrt.pipelines.inpaintcn.LeanNoise; the last such unit's, at its size)."""
         from .toolbox import noise_source
 
-        return noise_source(s.toolbox, shape, seed, subseed)
+        generator = noise_source(s.toolbox, shape, seed, subseed)
+        if not first or not self.__dict__.pop("_lama_noise", False) or self._dry:
+            return generator
+        from .inpaintcn import LAMA, LeanNoise
+
+        units = [u for u in s.toolbox.controlnets if u.preprocessor == LAMA and u.prepared is not None]
+        if not units or s.width is None or s.height is None:
+            return generator
+        ms = self.family.model_sampling(s.width, s.height)  # type: ignore[attr-defined]
+        _check_ddpm_eps(ms, "inpaint_only+lama starts from noise leaning towards the filled picture",
+                        "use the inpaint preprocessor instead on this model")
+        return LeanNoise(generator, self._picture_latent(units[-1], s.width, s.height), ms.alphas_cumprod)
 
     # ------------------------------------------------------------------ a transformer's ControlNets' latents
     def _encode_controls(self, s: Settings, uncond: Any, generator: Any, size: tuple[int, int] | None = None) -> None:

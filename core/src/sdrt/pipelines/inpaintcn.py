@@ -17,6 +17,14 @@ net a hint made of the picture and a mask, step for step as the extension (``scr
   (``control_net_inpaint_blur_sigma``). In a run with its own mask (A1111 inpainting) the extension runs
   ``inpaint_only`` as ``inpaint``, and so does sdrt.
 
+``inpaint_only+lama`` (:mod:`sdrt.pipelines.lamafill`) fills the mask with LaMa first; the filled picture (the mask
+kept as alpha) is then the map, as ``inpaint_only``'s picture is: the same hint, restore and pixel blend, which the
+extension runs in a run with its own mask too (its fallback to ``inpaint`` is for ``inpaint_only`` alone). With
+``Resize and Fill`` the picture is first fitted to the pass's size (the padding masked) so that LaMa fills the
+padding: outpainting. And the run's noise of the first batch (A1111's ``p.rng``: the first noise, and an ancestral
+sampler's draws at that size) becomes ``sqrt(acp[999]) * latent + sqrt(1 - acp[999]) * noise``, the latent being
+the filled picture's (the extension's ``HackedImageRNG``; :func:`lean_noise`).
+
 The picture's latent is the VAE encoder's mean (the extension samples the posterior with torch's global generator,
 whose spread is about 1e-3 of the latent).
 """
@@ -27,13 +35,15 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["ALIASES", "INPAINT", "LAMA", "blend_pixels", "hint", "latent_mask", "resize_map", "restore_eps", "rgba"]
+__all__ = ["ALIASES", "INPAINT", "LAMA", "blend_pixels", "hint", "latent_mask", "lean_noise", "resize_map", "restore_eps",
+           "rgba"]
 
 #: sdrt's inpaint preprocessors (the extension's module names)
-INPAINT = ("inpaint", "inpaint_only")
+INPAINT = ("inpaint", "inpaint_only", "inpaint_only+lama")
 #: the extension's label for ``inpaint``
 ALIASES = {"inpaint_global_harmonious": "inpaint"}
-#: refused by name: it needs the LaMa model
+#: ``inpaint_only`` with LaMa's fill of the mask first (sdrt.pipelines.lamafill; its model file is the unit's
+#: ``preprocessor_models``): the filled picture is the map's, and the run's first noise leans towards its latent
 LAMA = "inpaint_only+lama"
 #: ``control_net_inpaint_blur_sigma``'s default: the pixel blend's dilation and box blur
 BLUR = 7
@@ -135,6 +145,35 @@ def blend_pixels(image: np.ndarray, a: np.ndarray, k: int = BLUR) -> np.ndarray:
     raw = a[:, :, :3].astype(np.float32) / np.float32(255.0)
     y = np.clip(m * x + (1 - m) * raw, 0, 1)
     return np.clip(np.round(y * 255), 0, 255).astype(np.uint8)
+
+
+def lean_noise(noise: np.ndarray, latent: np.ndarray, alphas_cumprod: np.ndarray) -> np.ndarray:
+    """The extension's ``HackedImageRNG`` of one draw: ``predict_q_sample(x0=latent, t=999, noise)`` in float32."""
+    acp = np.asarray(alphas_cumprod, np.float64)[999]
+    a, b = np.float32(np.sqrt(acp)), np.float32(np.sqrt(1.0 - acp))
+    return (a * latent.astype(np.float32) + b * noise.astype(np.float32)).astype(np.float32)
+
+
+class LeanNoise:
+    """A run's noise source whose draws of the latent's size lean towards ``latent`` (:func:`lean_noise`): the
+    extension's ``HackedImageRNG`` around A1111's ``p.rng``. The VAE's own draws (``vae_generator``) are left as
+    they are."""
+
+    def __init__(self, inner: Any, latent: np.ndarray, alphas_cumprod: np.ndarray) -> None:
+        self.inner, self.latent, self.alphas_cumprod = inner, latent, alphas_cumprod
+
+    @property
+    def vae_generator(self) -> Any:
+        return getattr(self.inner, "vae_generator", self.inner)
+
+    def randn(self, shape: Any) -> np.ndarray:
+        noise = self.inner.randn(shape)
+        if np.ndim(noise) == 4 and noise.shape[1:] == self.latent.shape[1:]:
+            return lean_noise(noise, self.latent, self.alphas_cumprod)
+        return noise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["inner"], name)
 
 
 def check_size(rgb: np.ndarray, mask: np.ndarray, where: str) -> None:

@@ -1199,7 +1199,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         self._hires_decoder = None  # a hires checkpoint's pipeline once its pass runs (sdrt.pipelines.hiresmodel)
         self._hires_tight = False  # its pass released the first model's parts (hiresmodel.tight)
         shape = self.family.latent_shape(s.batch, s.height, s.width)
-        generator = self._noise(s, shape, seed, subseed)  # diffusers' stream, or A1111's per image (toolbox.py)
+        generator = self._noise(s, shape, seed, subseed, first=True)  # diffusers' stream, or A1111's per image
         ms = self.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
         loop = self._loop(s, ms, generator, seed)
         unet_in = self.denoiser.inputs[self.family.sample_input].shape

@@ -40,6 +40,7 @@ normal_bae              - (``scannet.pt``: ``models``)               padded to 6
 depth_anything          - (V1 ``.pth``: ``models``)                  padded to 64        depthanything
 depth_anything_v2       - (V2 ``.safetensors``/``.pth``: ``models``) padded to 64        depthanything
 inpaint, inpaint_only   - (the picture and its mask: RGBA)           -                   inpaintcn
+inpaint_only+lama       - (RGBA; ``ControlNetLama.pth``: ``models``)  its own (256)       lamafill, inpaintcn
 tile_colorfix           Variation 8 (whole, 0 to 256)                -                   colorfix
 tile_colorfix+sharp     Variation 8 / Sharpness 1 (0 to 100)         -                   colorfix
 openpose_hand           - (body and ``hand_pose_model.pth``)         padded to 64        openposehand, openposeparts
@@ -77,7 +78,9 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
+#: LaMa's fill before the inpaint hint (sdrt.pipelines.lamafill)
+LAMA = "inpaint_only+lama"
+__all__ = ["LAMA", "lama", "lama_fill", "MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ SPECS: dict[str, Spec] = {
     # the picture and its mask as the inpaint ControlNet's hint (made by sdrt.pipelines.inpaintcn, not here)
     "inpaint": Spec(None),
     "inpaint_only": Spec(None),
+    # the same, LaMa's fill first (sdrt.pipelines.lamafill: at 256 on the shorter side, whatever the resolution)
+    "inpaint_only+lama": Spec(None, models=True),
     # the image as it is; the sliders are the colour fix's while sampling (sdrt.pipelines.colorfix)
     "tile_colorfix": Spec(None, Slider(8.0, 0, 256, whole=True)),
     "tile_colorfix+sharp": Spec(None, Slider(8.0, 0, 256, whole=True), Slider(1.0, 0, 100)),
@@ -173,7 +178,8 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
-_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose",
+             "inpaint_only+lama")
 #: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
 #: :data:`MAX_NET_PIXELS` there too, as at a processor resolution (HED on a 6000x4000 photo took ~13 GB;
 #: depth_leres++'s numpy steps run at the image's size); every model-backed one but those that resize it themselves
@@ -642,6 +648,25 @@ def openpose_parts(name: str, models: Any, backend: str = "auto", device: Any = 
     return OpenPoseParts(name, nets["body"], nets.get("hand"), nets.get("face"))
 
 
+def lama(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.lamafill.Lama` of ``models`` (``ControlNetLama.pth`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .lamafill import Lama
+
+    (path,) = model_files(LAMA, models, where)
+    return _kept(LAMA, (path,), backend, device, lambda be, dev: Lama(path, backend=be, device=dev))
+
+
+def lama_fill(rgba: np.ndarray, models: Any, backend: str = "auto", device: Any = None,
+              where: str = "models") -> np.ndarray:
+    """``inpaint_only+lama``'s map of an RGBA map (the picture and its mask, white = repaint; HxWx4 uint8): LaMa's
+    fill under the mask, the mask as alpha (:func:`sdrt.pipelines.lamafill.fill`), the network in use meanwhile."""
+    from .lamafill import fill
+
+    with held():
+        return fill(rgba, lama(models, backend, device, where))
+
+
 def pose_map(rgb: np.ndarray, detector: Any) -> np.ndarray:
     """The ``dw_openpose_full`` map of an image as the extension makes it (body, hands and face)."""
     return pose_detect(rgb, detector)[0]
@@ -711,6 +736,12 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         rgb = cm.to_rgb(rgb)
     elif name in ("inpaint", "inpaint_only"):  # the picture as it is (/controlnet/detect's); a run's hint holds its
         rgb = cm.to_rgb(rgb)  # mask too (sdrt.pipelines.inpaintcn)
+    elif name == LAMA:  # the picture with its mask as alpha (HxWx4): LaMa's fill, its RGB (/controlnet/detect's)
+        if np.ndim(rgb) != 3 or np.shape(rgb)[2] != 4 or np.asarray(rgb).dtype != np.uint8:
+            raise InputError(f"{where}: inpaint_only+lama fills a mask, and the image has none (give an RGBA uint8 "
+                             "image, the mask as alpha, white = repaint)", where=where,
+                             fix="pass the picture with its mask as the alpha channel")
+        rgb = np.ascontiguousarray(lama_fill(np.asarray(rgb), models, backend, device, where)[:, :, :3])
     elif name in ("tile_resample", "blur_gaussian"):
         from . import tilemaps
 

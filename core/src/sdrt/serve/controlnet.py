@@ -55,6 +55,7 @@ ALIASES = {"invert": "invert (from white bg & black line)",
 ALIASES["lineart"] = "lineart_realistic"
 #: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
 MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
+MODULES["inpaint_only+lama"] = "inpaint_only+lama"  # LaMa's fill first (sdrt.pipelines.lamafill)
 ALIASES["inpaint"] = "inpaint_global_harmonious"
 #: the tile net's colour-fix modules (sdrt.pipelines.colorfix)
 MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
@@ -97,7 +98,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "lineart_standard": [], "shuffle": [], "normal_bae": [],
     "depth_anything": [], "depth_anything_v2": [],
     # the extension's inpaint modules: no sliders (their resolution slider hidden)
-    "inpaint": [], "inpaint_only": [],
+    "inpaint": [], "inpaint_only": [], "inpaint_only+lama": [],
     "tile_colorfix": [None, {"name": "Variation", "value": 8.0, "min": 3.0, "max": 32.0, "step": 1.0}],
     "tile_colorfix+sharp": [None, {"name": "Variation", "value": 8.0, "min": 3.0, "max": 32.0, "step": 1.0},
                             {"name": "Sharpness", "value": 1.0, "min": 0.0, "max": 2.0, "step": 0.01}],
@@ -120,9 +121,7 @@ RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
 HR_OPTIONS = ("Both", "Low res only", "High res only")
 #: module families sdrt cannot run, and what they need
-_NEEDS = (("lama", "the LaMa model, which fills the mask first (inpaint_only is the same hint and blend without "
-                   "it)"),
-          ("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
+_NEEDS = (("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the base, Plus and Full Face adapters "
                          "with the ViT-H/14 modules, " + ", ".join(("ip-adapter_clip_sd15", "ip-adapter_clip_h")) +
                          ", the ViT-bigG/14 ones with ip-adapter_clip_g, FaceID with ip-adapter_face_id and FaceID "
                          "Plus with ip-adapter_face_id_plus)"),
@@ -554,7 +553,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     image_key = "image" if unit.get("image") not in (None, "") else "input_image"
     image, mask = _image(unit.get(image_key), f(image_key), max_pixels)
     mask = mask if mask is not None else unit.get("mask") if unit.get("mask") is not None else unit.get("mask_image")
-    inpaint = pre in ("inpaint", "inpaint_only")
+    inpaint = pre in ("inpaint", "inpaint_only", "inpaint_only+lama")
     if image is None:
         if init_image is None:
             raise ApiError(400, f"{f('image')} is missing: a txt2img ControlNet unit needs its control image "
@@ -674,9 +673,23 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
                          lambda name: name, max_res)
     out = []
     poses = []
+    masks = body.get("controlnet_masks")
+    if pre == "inpaint_only+lama" and (not isinstance(masks, list) or len(masks) != len(images)):
+        # the extension's: a preprocessor that requires a mask needs one per image
+        raise ApiError(422, f"Preprocessor {pre} requires `controlnet_masks` param: one mask (white = repaint) per "
+                            f"image of {key}", field="controlnet_masks")
     files = pose_files(models, "controlnet_module", pre) if pre in WITH_MODELS else None
     for k, text in enumerate(images):
         rgb = b64images.rgb_array(b64images.decode(text, f"{key}[{k}]", max_pixels))
+        if pre == "inpaint_only+lama":  # the mask's first channel as alpha, as the extension's detect joins them
+            import numpy as np
+
+            mask = b64images.rgb_array(b64images.decode(masks[k], f"controlnet_masks[{k}]", max_pixels))[:, :, 0]
+            if mask.shape != rgb.shape[:2]:
+                raise ApiError(400, f"controlnet_masks[{k}] is {mask.shape[1]}x{mask.shape[0]} and {key}[{k}] "
+                                    f"{rgb.shape[1]}x{rgb.shape[0]}: a mask is of its image's size",
+                               field=f"controlnet_masks[{k}]")
+            rgb = np.ascontiguousarray(np.concatenate([rgb, mask[:, :, None]], axis=2))
         if files is not None and pre in POSE_MODULES:
             try:
                 made, pose = _pose_detect(rgb, files, 512 if res is None else int(res), backend, device, pre)
