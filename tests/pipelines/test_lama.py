@@ -149,3 +149,53 @@ def test_lama_unit_has_teeth(models):
     assert np.abs(lama.astype(int) - ref["image"][0]).max() <= 1
     assert np.abs(lama.astype(int) - ref["without_lean"][0]).max() >= 3
     assert np.abs(only.astype(int) - ref["image"][0]).max() >= 3
+
+
+def test_the_plan_counts_lama(models):
+    """A job's memory plan counts LaMa as a detector (``preprocessor:inpaint_only+lama``: its tensors as float32,
+    the batch norms' step counters included); the plan runs no network (its map: zeros of the size)."""
+    from pipeline_helpers import DATA as PDATA
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    register("openvino")
+    z = np.load(PDATA / "tiny-sd15-controlnet" / "inpaint.npz")
+    unit = ControlNet("controlnet", z["picture"], preprocessor="inpaint_only+lama", control_mask=z["mask"],
+                      preprocessor_models=models)
+    with pipelines.load(PDATA / "tiny-sd15-controlnet", backend="openvino") as pipe:
+        plan = pipe.plan("a cat", controlnets=[unit], steps=2, seed=1, width=64, height=64, sampler="Euler").memory
+    placed = plan.placement("preprocessor:inpaint_only+lama")
+    assert placed is not None and placed.role == "preprocessor"
+    assert placed.weight_bytes == 4 * sum(int(np.prod(v.shape)) for v in make_lama().values())
+
+
+def test_lama_on_the_command_line(models, tmp_path, capsys):
+    """--control-preprocessor inpaint_only+lama with --control-preprocessor-models gives the Python API's image; the
+    wrong file is one line naming it."""
+    from PIL import Image
+    from pipeline_helpers import fast_backend
+
+    from sdrt.cli import main
+
+    folder, case, ref, z = _lama_case()
+    pic, mask, out = tmp_path / "pic.png", tmp_path / "mask.png", tmp_path / "out.png"
+    Image.fromarray(z["picture"]).save(pic)
+    Image.fromarray(z["mask"]).save(mask)
+    backend = fast_backend()
+    args = ["generate", str(folder), case["prompt"], "-n", case["negative_prompt"], "--steps", str(case["steps"]),
+            "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", "Euler", "--width", "64",
+            "--height", "64", "--backend", backend, "--control-image", str(pic), "--control-mask", str(mask),
+            "--control-preprocessor", "inpaint_only+lama", "-o", str(out)]
+    assert main([*args, "--control-preprocessor-models", str(models)]) == 0, capsys.readouterr().err
+    from sdrt import pipelines
+
+    with pipelines.load(folder, backend=backend) as pipe:
+        want = _lama_run(pipe, case, z, models)
+    assert np.array_equal(np.asarray(Image.open(out).convert("RGB")), want)
+    capsys.readouterr()
+    (tmp_path / "ControlNetLama.pth").write_bytes(b"not a model")
+    assert main([*args, "--control-preprocessor-models", str(tmp_path)]) == 1
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error:")]  # (after the run's "backend ..." line)
+    assert len(lines) == 1 and "ControlNetLama.pth" in lines[0] and "--control-preprocessor-models" in lines[0], err
