@@ -199,3 +199,19 @@ def test_lama_on_the_command_line(models, tmp_path, capsys):
     err = capsys.readouterr().err
     lines = [line for line in err.splitlines() if line.startswith("error:")]  # (after the run's "backend ..." line)
     assert len(lines) == 1 and "ControlNetLama.pth" in lines[0] and "--control-preprocessor-models" in lines[0], err
+
+
+def test_lama_keeps_its_restore_in_a_run_with_a_mask():
+    """The extension falls back to ``inpaint`` for ``inpaint_only`` alone when the run has its own mask;
+    ``inpaint_only+lama`` keeps its restore and blend there."""
+    from types import SimpleNamespace
+
+    from sdrt.pipelines.controlnet import ControlNet
+    from sdrt.pipelines.extras import ToolboxMixin
+
+    for mask, pre, want in ((None, "inpaint_only", True), (np.zeros((8, 8)), "inpaint_only", False),
+                            (np.zeros((8, 8)), "inpaint_only+lama", True), (None, "inpaint_only+lama", True),
+                            (None, "inpaint", False)):
+        unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor=pre)
+        ToolboxMixin._inpaint_unit(SimpleNamespace(), SimpleNamespace(mask=mask, init_image=None), unit, 0)
+        assert unit.restores is want, (pre, mask is not None)
