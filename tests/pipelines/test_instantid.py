@@ -127,3 +127,33 @@ def test_a_face_token_net_without_an_instantid_adapter_is_one_error(files):
         with pytest.raises(InputError, match="face_tokens must be"):
             pipe.generate("a cat", controlnets=[ControlNet("controlnet", REFS["hint64"], face_tokens="yes")],
                           **kwargs(case))
+
+
+def test_generate_cli_runs_instantid_by_the_nets_name(files, tmp_path, capsys):
+    """--ip-adapter InstantID's adapter with --face-models (antelopev2 found in the folder given), and a --controlnet
+    whose folder names InstantID: it reads the face tokens without a flag; the PNG records the adapter's unit as
+    sd-webui-controlnet does (instant_id_face_embedding)."""
+    import shutil
+
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    net = tmp_path / "control_instant_id_sdxl"
+    shutil.copytree(FOLDER / "controlnet", net)
+    picture, hint, out = tmp_path / "face.png", tmp_path / "kps.png", tmp_path / "out.png"
+    Image.fromarray(ff.face_picture()).save(picture)
+    Image.fromarray(REFS["hint64"]).save(hint)
+    case = CASES[0]
+    rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+               str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", case["sampler"],
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+               "--ip-adapter", str(files[0]), "--ip-adapter-image", str(picture), "--ip-adapter-scale",
+               str(case["scale"]), "--face-models", str(files[1].parent), "--controlnet", str(net),
+               "--control-image", str(hint), "--control-scale", str(case["cn_scale"])])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
+        text = img.text["parameters"]
+    assert "Module: instant_id_face_embedding, Model: ip-adapter_instant_id_tiny_sdxl" in text, text

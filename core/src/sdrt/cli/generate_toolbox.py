@@ -59,7 +59,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
                         "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
                         "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
-                        "hand_pose_model.pth and/or facenet.pth; ...), or an A1111 or "
+                        "hand_pose_model.pth and/or facenet.pth; instant_id_face_keypoints: "
+                        "InsightFace antelopev2's scrfd_10g_bnkps.onnx; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
@@ -132,7 +133,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ones): InsightFace's buffalo_l folder (det_10g.onnx, w600k_r50.onnx), or the folder holding it "
                         "as sd-webui-controlnet (annotator/downloads/insightface/models/buffalo_l) or ComfyUI "
                         "(models/insightface/models/buffalo_l) keep it; run on the chosen backend. FaceID's LoRA "
-                        "(..._lora.safetensors) is passed with --lora")
+                        "(..._lora.safetensors) is passed with --lora. InstantID's adapter (ip-adapter.bin, "
+                        "ip-adapter_instant_id_sdxl.bin) reads antelopev2 (scrfd_10g_bnkps.onnx, glintr100.onnx) "
+                        "instead, found the same ways; its ControlNet (a --controlnet whose path names instant_id / "
+                        "InstantID) then reads the face tokens as its text")
     i.add_argument("--ip-adapter-s-scale", action="append", type=float, default=[], metavar="X",
                    help="FaceID Plus v2's s_scale: how much of the face embedding's own tokens are added (default 1)")
     h = p.add_argument_group("hires fix (A1111's)")

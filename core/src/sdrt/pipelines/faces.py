@@ -330,14 +330,13 @@ def draw_kps(height: int, width: int, kps: np.ndarray) -> np.ndarray:
     from . import cvdraw
 
     kps = np.asarray(kps, np.float64)
-    img = np.zeros((height, width, 3), np.float64)
-    for a, b in KPS_LIMBS:
+    out = np.zeros((height, width, 3), np.uint8)  # the extension's float canvas times 0.6, then truncated: each pixel
+    for a, b in KPS_LIMBS:  # is black or one limb's colour, so its colour times 0.6, truncated, is filled in directly
         x, y = kps[[a, b], 0], kps[[a, b], 1]
         length = float(np.hypot(x[0] - x[1], y[0] - y[1]))
         angle = math.degrees(math.atan2(y[0] - y[1], x[0] - x[1]))
         poly = cvdraw.ellipse2poly((int(np.mean(x)), int(np.mean(y))), (int(length / 2), 4), int(angle), 0, 360, 1)
-        cvdraw.fill_convex_poly(img, poly, KPS_COLORS[a])
-    out = (img * 0.6).astype(np.uint8)
+        cvdraw.fill_convex_poly(out, poly, [int(float(c) * 0.6) for c in KPS_COLORS[a]])
     for (x, y), color in zip(kps, KPS_COLORS):
         cvdraw.circle(out, (int(x), int(y)), 10, color)
     return out
