@@ -113,6 +113,8 @@ def test_which_nets_read_the_face_tokens():
     assert ControlNet("InstantID/ControlNetModel/diffusion_pytorch_model.safetensors", img).reads_face_tokens
     assert ControlNet("controlnet", img, preprocessor="instant_id_face_keypoints").reads_face_tokens
     assert not ControlNet("controlnet", img).reads_face_tokens
+    assert not ControlNet("/work/wt-instantid/models/tiny-controlnet/controlnet", img).reads_face_tokens  # a folder up
+    assert ControlNet("ControlNet/control_instant-id_sdxl", img).reads_face_tokens
     assert not ControlNet("instantid-like/control.safetensors", img, face_tokens=False).reads_face_tokens
 
 

@@ -195,8 +195,7 @@ class ControlNet:
         if self.preprocessor == "instant_id_face_keypoints":
             return True
         source = self.part.source_file if self.part is not None else None
-        names = [str(getattr(self.net, "path", self.net)), str(source or "")]
-        return any(k in n.lower().replace("-", "_") for n in names for k in ("instant_id", "instantid"))
+        return any(names_instantid(p) for p in (getattr(self.net, "path", self.net), source) if p is not None)
 
     @property
     def model_name(self) -> str:
@@ -208,6 +207,27 @@ class ControlNet:
     def cond_only(self) -> bool:
         """Whether the uncond rows of a CFG batch get no residual (cfg injection, or diffusers' guess mode)."""
         return self.guess_mode or self.control_mode == CONTROL_MODES[2]
+
+
+#: names of a net's file or folder that say nothing of it: the folder above is read instead (InstantX's
+#: ``InstantID/ControlNetModel/diffusion_pytorch_model.safetensors``)
+_GENERIC = frozenset(n.casefold() for n in ("model.onnx", *WEIGHTS_NAMES, "ControlNetModel", "controlnet"))
+
+
+def names_instantid(path: Any) -> bool:
+    """Whether a net's name says InstantID (``instant_id`` / ``instantid``, any case, ``-`` as ``_``), the
+    extension's rule: its file or folder name, or past generic names (``diffusion_pytorch_model.safetensors``,
+    ``ControlNetModel``, ``model.onnx``) the folder that holds them; never a folder further up."""
+    parts = Path(os.fspath(path)).parts if isinstance(path, (str, os.PathLike)) else ()
+    i = len(parts) - 1
+    while i >= 0:
+        name = parts[i].casefold().replace("-", "_")
+        if "instant_id" in name or "instantid" in name:
+            return True
+        if name not in _GENERIC:
+            return False
+        i -= 1
+    return False
 
 
 def _named(value: Any, names: tuple[str, ...], where: str, what: str, fix: str) -> str:
