@@ -138,9 +138,9 @@ class ControlNet:
     control_mask: Any = None
     #: InstantID's ControlNet: its ``encoder_hidden_states`` are the face tokens of the run's InstantID IP-Adapter
     #: (diffusers' community InstantID pipeline, sd-webui-controlnet's ``control_context_override``), not the prompt;
-    #: None: so when the net's file or folder names InstantID (``instant_id`` / ``instantid`` in its path, as the
-    #: extension tells the model type: ``control_instant_id_sdxl``, InstantX's ``InstantID/ControlNetModel``) or its
-    #: preprocessor is ``instant_id_face_keypoints``
+    #: None: so when the net's file or folder name says InstantID (:func:`names_instantid`: ``control_instant_id_sdxl``,
+    #: InstantX's ``InstantID/ControlNetModel``, as the extension tells the model type) or its preprocessor is
+    #: ``instant_id_face_keypoints``
     face_tokens: bool | None = None
     #: the shuffle preprocessor's numpy seed; None: derived from the run's seed (the pipeline fills run_seed)
     seed: int | None = None
