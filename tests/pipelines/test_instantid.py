@@ -159,3 +159,35 @@ def test_generate_cli_runs_instantid_by_the_nets_name(files, tmp_path, capsys):
         assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
         text = img.text["parameters"]
     assert "Module: instant_id_face_embedding, Model: ip-adapter_instant_id_tiny_sdxl" in text, text
+
+
+def test_generate_cli_face_tokens_flag_for_a_net_of_another_name(files, tmp_path, capsys):
+    """--control-face-tokens: the model folder's own ControlNet (its name says nothing) reads the face tokens; off, a
+    net named InstantID reads the prompt (130+ levels from the reference)."""
+    import shutil
+
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    picture, hint = tmp_path / "face.png", tmp_path / "kps.png"
+    Image.fromarray(ff.face_picture()).save(picture)
+    Image.fromarray(REFS["hint64"]).save(hint)
+    named = tmp_path / "control_instant_id_sdxl"
+    shutil.copytree(FOLDER / "controlnet", named)
+    case = CASES[0]
+    for net, flag, same in ((None, "on", True), (named, "off", False)):
+        out = tmp_path / f"{flag}.png"
+        rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+                   str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler",
+                   case["sampler"], "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+                   "--ip-adapter", str(files[0]), "--ip-adapter-image", str(picture), "--ip-adapter-scale",
+                   str(case["scale"]), "--face-models", str(files[1]), "--control-image", str(hint),
+                   "--control-scale", str(case["cn_scale"]), "--control-face-tokens", flag,
+                   *(["--controlnet", str(net)] if net else [])])
+        assert rc == 0, capsys.readouterr().err
+        with Image.open(out) as img:
+            got = np.asarray(img.convert("RGB"))
+        diff = int(np.abs(got.astype(int) - REFS[case["name"]][0]).max())
+        assert (diff <= 1) if same else (diff > 50), (flag, diff)

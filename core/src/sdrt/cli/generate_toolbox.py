@@ -86,6 +86,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shorter side once scaled to cover the output (to fit in it for Resize and Fill); alone it is "
                         "on for every ControlNet, or on/off once per --control-image; a pixel-perfect unit does not "
                         "read --control-processor-res")
+    g.add_argument("--control-face-tokens", action="append", default=[], nargs="?", const="on",
+                   choices=("on", "off"),
+                   help="InstantID's ControlNet: the net reads the face tokens of the --ip-adapter InstantID adapter as "
+                        "its text, not the prompt (default: when the net's file or folder name says instant_id / "
+                        "InstantID, or its preprocessor is instant_id_face_keypoints); alone it is on for every "
+                        "ControlNet, or on/off once per --control-image")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
@@ -261,7 +267,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
                      "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
                      "control_preprocessor_models", "control_pose_models", "guess_mode", "control_processor_res",
-                     "control_pixel_perfect"):
+                     "control_pixel_perfect", "control_face_tokens"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -387,14 +393,15 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         backend = getattr(args, "backend", None) or "auto"
         init = getattr(args, "init_image", None)
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm, res, pp in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm, res, pp, ft in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
-                _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect):
+                _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect,
+                _per_unit(args.control_face_tokens, n, "--control-face-tokens")):
             if pre in ("inpaint", "inpaint_only", "inpaint_global_harmonious") and mask is None and init is not None \
                     and Path(image).resolve() == Path(init).resolve():
                 image = None  # the extension's unit without an image: the run's init image and --mask
@@ -403,7 +410,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
                                     inpaint_crop=crop != "off", hr_option=hr or "Both", preprocessor_models=pm,
-                                    pose_backend=backend, processor_res=res, pixel_perfect=bool(pp)))
+                                    pose_backend=backend, processor_res=res, pixel_perfect=bool(pp),
+                                    face_tokens=None if ft is None else ft == "on"))
         opts["controlnets"] = units
     _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",
