@@ -115,7 +115,9 @@ class ControlNet:
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
     through :mod:`sdrt.pipelines.fluxcontrolnet`. ``control_mask``: an SD3 inpainting ControlNet's mask (alimama's;
-    white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``."""
+    white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``.
+    ``face_tokens``: InstantID's ControlNet, whose text is the face tokens of the run's InstantID IP-Adapter (None:
+    told by the net's name or the ``instant_id_face_keypoints`` preprocessor; docs/toolbox.md "InstantID (SDXL)")."""
 
     net: Any
     image: Any
