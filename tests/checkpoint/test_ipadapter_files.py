@@ -189,7 +189,7 @@ def test_adapter_variants_sdrt_does_not_build_are_refused(folder_run, tmp_path, 
     else:
         _adapter(tmp_path / "v.safetensors", 32, extra=extra)
     _refused(ModelError, unit(tmp_path / "v.safetensors"), kind, "does not run",
-             "runs the base IP-Adapter, IP-Adapter Plus, Full Face, FaceID and FaceID Plus", "ip-adapter-plus_sd15",
+             "runs the base IP-Adapter, IP-Adapter Plus, Full Face, FaceID, FaceID Plus and InstantID", "ip-adapter-plus_sd15",
              "ip-adapter-full-face_sd15")
 
 

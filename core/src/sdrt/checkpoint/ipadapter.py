@@ -43,6 +43,12 @@ tokens themselves times ``s_scale`` when ``shortcut`` (v2). The face embedding i
 :mod:`sdrt.pipelines.faces` computes from its ONNX files. The files' own LoRA keys (``ip_adapter.N.to_q_lora...``)
 are left out, as diffusers' ``load_ip_adapter`` leaves them: the LoRA is the ``..._lora.safetensors`` beside the
 adapter, an ordinary LoRA. FaceID Portrait (16 tokens of several faces) is refused by name.
+
+InstantID's adapter (InstantX/InstantID's ``ip-adapter.bin``, sd-webui-controlnet's
+``ip-adapter_instant_id_sdxl.bin``) is an SDXL IP-Adapter Plus whose Resampler reads no image encoder: its
+``image_proj.proj_in`` is 512 wide, the ArcFace embedding of a face (InsightFace's ``antelopev2``, not normed), fed
+as one token; 16 face tokens come out (:data:`FACE_DIM`; kind ``"instantid"``). The same tokens are the
+``encoder_hidden_states`` of InstantID's ControlNet (:mod:`sdrt.pipelines.controlnet`).
 """
 
 from __future__ import annotations
@@ -94,6 +100,8 @@ ENCODER_KINDS = (
     EncoderKind("clip_vision_g", "ViT-bigG/14", 1664, 48, 1280, "sdxl_models/image_encoder",
                 "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"),
 )
+#: the width of InsightFace's ArcFace embedding: an IP-Adapter Plus Resampler reading it is InstantID's
+FACE_DIM = 512
 _KV = re.compile(r"ip_adapter\.(\d+)\.(to_k_ip|to_v_ip)\.weight$")
 
 
@@ -112,19 +120,21 @@ class IPAdapterFile:
     layers: dict[int, tuple[str, str]] = field(default_factory=dict)
     #: "plus": a Resampler reading the encoder's penultimate hidden states; "full": Full Face's MLP of them (a
     #: token per encoder token; ``tokens`` 0); "base": ``image_embeds``; "faceid": an MLP of a face embedding
-    #: (``image_dim`` its width); "faceid_plus": that and a perceiver over the hidden states (``clip_dim`` wide)
+    #: (``image_dim`` its width); "faceid_plus": that and a perceiver over the hidden states (``clip_dim`` wide);
+    #: "instantid": a Plus Resampler of the (raw) face embedding as one token
     kind: str = "base"
     clip_dim: int | None = None
 
     @property
     def label(self) -> str:
         return f"an {BASE_LABELS[self.base]} IP-Adapter" + {"plus": " Plus", "full": " Full Face", "faceid": " FaceID",
-                                                             "faceid_plus": " FaceID Plus"}.get(self.kind, "")
+                                                             "faceid_plus": " FaceID Plus", "instantid": " InstantID"
+                                                             }.get(self.kind, "")
 
     @property
     def face(self) -> bool:
         """Whether it reads InsightFace's face embedding (FaceID, FaceID Plus)."""
-        return self.kind in ("faceid", "faceid_plus")
+        return self.kind in ("faceid", "faceid_plus", "instantid")
 
     @property
     def reads(self) -> str:
@@ -134,7 +144,7 @@ class IPAdapterFile:
     @property
     def encoder_width(self) -> int | None:
         """The width of what it reads of the image encoder (None: FaceID reads no image encoder)."""
-        return None if self.kind == "faceid" else self.clip_dim if self.kind == "faceid_plus" else self.image_dim
+        return None if self.kind in ("faceid", "instantid") else self.clip_dim if self.kind == "faceid_plus" else self.image_dim
 
     def project_face(self, face: np.ndarray, hidden: np.ndarray | None = None, shortcut: bool = False,
                      s_scale: float = 1.0) -> np.ndarray:
@@ -160,6 +170,8 @@ class IPAdapterFile:
         w = self.weights
         if self.kind == "plus":
             return resample(w, image_embeds)
+        if self.kind == "instantid":  # [rows, 512] face embeddings, one token each
+            return resample(w, np.asarray(image_embeds, np.float32).reshape(-1, 1, self.image_dim))
         if self.kind == "full":
             return full_face(w, image_embeds)
         x = np.asarray(image_embeds, np.float32) @ w.get_array("image_proj.proj.weight", np.float32).T
@@ -315,7 +327,7 @@ def check_file(p: Path, what: str = "ip_adapter") -> Weights:
     kind = variant(keys)
     if kind is not None:
         raise ModelError(f"{p.name} is {kind}, which sdrt does not run; it runs the base IP-Adapter, IP-Adapter "
-                         "Plus, Full Face, FaceID and FaceID Plus", where=str(p), fix=f"pass the base adapter "
+                         "Plus, Full Face, FaceID, FaceID Plus and InstantID", where=str(p), fix=f"pass the base adapter "
                          f"({EXAMPLES['sd1']}, or {EXAMPLES['sdxl']}, ip-adapter_sdxl), a Plus one (ip-adapter-plus_sd15, "
                          "ip-adapter-plus-face_sd15, ip-adapter-plus_sdxl_vit-h), ip-adapter-full-face_sd15, or a "
                          "FaceID one (ip-adapter-faceid_sd15, ip-adapter-faceid-plusv2_sd15)")
@@ -378,16 +390,17 @@ def open_ip_adapter(path: PathLike, *, base: str | None = None, text_width: int 
         raise ModelError(f"{p.name} is an IP-Adapter for a {cross}-wide text encoder (not SD 1.x, SD 2.x or SDXL)"
                          + model, where=str(p), fix=f"pass {{@{what}}} an IP-Adapter made for the model (e.g. "
                          f"{EXAMPLES.get(base or 'sd1', EXAMPLES['sd1'])})")
+    instantid = plus and not face and int(proj[1]) == FACE_DIM  # no CLIP encoder's hidden states are 512 wide
     ad = IPAdapterFile(p, found, int(proj[1]), int(proj[0]) // cross, cross, w, layers,
-                       ("faceid_plus" if clip_dim else "faceid") if face else "plus" if plus else "full" if full
-                       else "base", clip_dim)
+                       ("faceid_plus" if clip_dim else "faceid") if face else "instantid" if instantid else "plus"
+                       if plus else "full" if full else "base", clip_dim)
     if base is not None and (base != found or text_width is not None and cross != text_width):
         want = BASE_LABELS.get(base, base)
         raise ModelError(f"{p.name} is {ad.label}, and the model is {want}", where=str(p),
                          fix=f"pass {{@{what}}} an IP-Adapter made for {want}"
                              + (f" (e.g. {EXAMPLES[base]})" if base in EXAMPLES else ""))
     log.info("%s: %s, %d cross-attention layers, %s image tokens from %d-wide %s", p.name, ad.label,
-             len(layers), ad.tokens or "per encoder token", ad.image_dim, "face embeddings" if face else ad.reads)
+             len(layers), ad.tokens or "per encoder token", ad.image_dim, "face embeddings" if ad.face else ad.reads)
     return ad
 
 
@@ -649,6 +662,8 @@ def adapter_reads(path: Path) -> tuple[str, int] | None:
                             ("hidden states", "image_proj.proj.0.weight", is_full(keys)),
                             ("image embeds", "image_proj.proj.weight", True)):
         if ok and name in shapes and len(shapes[name]) == 2:
+            if name == "image_proj.proj_in.weight" and int(shapes[name][1]) == FACE_DIM:
+                return "face", FACE_DIM  # InstantID: the Resampler reads the face embedding
             return reads, int(shapes[name][1])
     return None
 

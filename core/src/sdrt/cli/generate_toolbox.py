@@ -60,7 +60,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
                         "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
                         "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
-                        "hand_pose_model.pth and/or facenet.pth; inpaint_only+lama: ControlNetLama.pth; ...), or an A1111 or "
+                        "hand_pose_model.pth and/or facenet.pth; inpaint_only+lama: ControlNetLama.pth; instant_id_face_keypoints: "
+                        "InsightFace antelopev2's scrfd_10g_bnkps.onnx; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"
                         "<name> or controlnet_aux's custom_nodes/comfyui_controlnet_aux/ckpts/<repo> under it, or the "
                         "file of one that reads one (DWPose's two files: their folder); once for all, or per image")
@@ -86,6 +87,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shorter side once scaled to cover the output (to fit in it for Resize and Fill); alone it is "
                         "on for every ControlNet, or on/off once per --control-image; a pixel-perfect unit does not "
                         "read --control-processor-res")
+    g.add_argument("--control-face-tokens", action="append", default=[], nargs="?", const="on",
+                   choices=("on", "off"),
+                   help="InstantID's ControlNet: the net reads the face tokens of the --ip-adapter InstantID adapter as "
+                        "its text, not the prompt (default: when the net's file or folder name says instant_id / "
+                        "InstantID, or its preprocessor is instant_id_face_keypoints); alone it is on for every "
+                        "ControlNet, or on/off once per --control-image")
     g.add_argument("--control-resize", action="append", default=[], metavar="MODE",
                    help='how the image meets the output size: "Just Resize", "Crop and Resize" (default), "Resize '
                         'and Fill" (sd-webui-controlnet\'s, with its own resampling; any case, or 0 to 2, as '
@@ -133,7 +140,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "ones): InsightFace's buffalo_l folder (det_10g.onnx, w600k_r50.onnx), or the folder holding it "
                         "as sd-webui-controlnet (annotator/downloads/insightface/models/buffalo_l) or ComfyUI "
                         "(models/insightface/models/buffalo_l) keep it; run on the chosen backend. FaceID's LoRA "
-                        "(..._lora.safetensors) is passed with --lora")
+                        "(..._lora.safetensors) is passed with --lora. InstantID's adapter (ip-adapter.bin, "
+                        "ip-adapter_instant_id_sdxl.bin) reads antelopev2 (scrfd_10g_bnkps.onnx, glintr100.onnx) "
+                        "instead, found the same ways; its ControlNet (a --controlnet whose path names instant_id / "
+                        "InstantID) then reads the face tokens as its text")
     i.add_argument("--ip-adapter-s-scale", action="append", type=float, default=[], metavar="X",
                    help="FaceID Plus v2's s_scale: how much of the face embedding's own tokens are added (default 1)")
     h = p.add_argument_group("hires fix (A1111's)")
@@ -258,7 +268,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                      "control_preprocessor", "control_threshold_a", "control_threshold_b", "control_resize",
                      "control_mode", "control_union_mode", "control_inpaint_crop", "control_hr_option",
                      "control_preprocessor_models", "control_pose_models", "guess_mode", "control_processor_res",
-                     "control_pixel_perfect"):
+                     "control_pixel_perfect", "control_face_tokens"):
             if getattr(args, flag):
                 name = "--" + flag.replace("_", "-")
                 raise InputError(f"{name} needs a --control-image", where=name,
@@ -379,14 +389,15 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         backend = getattr(args, "backend", None) or "auto"
         init = getattr(args, "init_image", None)
         units = []
-        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm, res, pp in zip(
+        for net, image, scale, start, end, pre, resize, mode, union, mask, low, high, crop, hr, pm, res, pp, ft in zip(
                 nets, images, _per_unit(args.control_scale, n, "--control-scale"),
                 _per_unit(args.control_start, n, "--control-start"), _per_unit(args.control_end, n, "--control-end"),
                 pres, _per_unit(resizes, n, "--control-resize"), _per_unit(modes, n, "--control-mode"),
                 _per_unit(args.control_union_mode, n, "--control-union-mode"),
                 _per_unit(args.control_mask, n, "--control-mask"), lows, highs,
                 _per_unit(args.control_inpaint_crop, n, "--control-inpaint-crop"),
-                _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect):
+                _per_unit(passes, n, "--control-hr-option"), poses, ress, perfect,
+                _per_unit(args.control_face_tokens, n, "--control-face-tokens")):
             if pre in ("inpaint", "inpaint_only", "inpaint_only+lama", "inpaint_global_harmonious") and mask is None and init is not None \
                     and Path(image).resolve() == Path(init).resolve():
                 image = None  # the extension's unit without an image: the run's init image and --mask
@@ -395,7 +406,8 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                     low=low, high=high, control_mode=mode or "Balanced",
                                     guess_mode=bool(args.guess_mode), union_mode=union, control_mask=mask,
                                     inpaint_crop=crop != "off", hr_option=hr or "Both", preprocessor_models=pm,
-                                    pose_backend=backend, processor_res=res, pixel_perfect=bool(pp)))
+                                    pose_backend=backend, processor_res=res, pixel_perfect=bool(pp),
+                                    face_tokens=None if ft is None else ft == "on"))
         opts["controlnets"] = units
     _ip_adapters(args, opts)
     for key in ("hires_scale", "hires_steps", "hires_denoise", "hires_upscaler", "hires_width", "hires_height",

@@ -46,6 +46,8 @@ ANNOTATORS: dict[str, Files] = {
     "lineart_anime": Files(("netG.pth",), ("lineart_anime",), ("lllyasviel/Annotators",), "the anime lineart model"),
     "lineart_anime_denoise": Files(("erika.pth",), ("manga_line",), ("lllyasviel/Annotators",),
                                    "the manga line model"),
+    "instant_id_face_keypoints": Files(("scrfd_10g_bnkps.onnx",), ("insightface/models/antelopev2",),
+                                       ("DIAMONIK7777/antelopev2",), "InsightFace antelopev2's detector"),
     "mlsd": Files(("mlsd_large_512_fp32.pth",), ("mlsd",), ("lllyasviel/Annotators",), "M-LSD's large model"),
     "depth_midas": Files(("dpt_hybrid-midas-501f0c75.pt",), ("midas",), ("lllyasviel/Annotators",),
                          "MiDaS's DPT-Hybrid"),

@@ -115,7 +115,9 @@ class ControlNet:
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
     through :mod:`sdrt.pipelines.fluxcontrolnet`. ``control_mask``: an SD3 inpainting ControlNet's mask (alimama's;
-    white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``."""
+    white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``.
+    ``face_tokens``: InstantID's ControlNet, whose text is the face tokens of the run's InstantID IP-Adapter (None:
+    told by the net's name or the ``instant_id_face_keypoints`` preprocessor; docs/toolbox.md "InstantID (SDXL)")."""
 
     net: Any
     image: Any
@@ -136,6 +138,12 @@ class ControlNet:
     union_mode: int | None = None
     #: an SD3 inpainting ControlNet's mask (white = repaint) for its picture ``image``; None for any other net
     control_mask: Any = None
+    #: InstantID's ControlNet: its ``encoder_hidden_states`` are the face tokens of the run's InstantID IP-Adapter
+    #: (diffusers' community InstantID pipeline, sd-webui-controlnet's ``control_context_override``), not the prompt;
+    #: None: so when the net's file or folder name says InstantID (:func:`names_instantid`: ``control_instant_id_sdxl``,
+    #: InstantX's ``InstantID/ControlNetModel``, as the extension tells the model type) or its preprocessor is
+    #: ``instant_id_face_keypoints``
+    face_tokens: bool | None = None
     #: the shuffle preprocessor's numpy seed; None: derived from the run's seed (the pipeline fills run_seed)
     seed: int | None = None
     #: with ``inpaint_area="only masked"``: cut the control image to the area the run repaints before its
@@ -177,6 +185,19 @@ class ControlNet:
     prepared: np.ndarray | None = field(default=None, repr=False)
     #: the VAE latent of its map's picture, per pass size (the restore's and the colour fix's)
     origin: dict = field(default_factory=dict, repr=False)
+    #: a face-token unit's text, filled by the pipeline: (the UNet input that tells the rows apart, its value on the
+    #: negative rows, the positive rows' face tokens, the negative rows') (:func:`face_context`)
+    context: Any = field(default=None, repr=False)
+
+    @property
+    def reads_face_tokens(self) -> bool:
+        """Whether the net's text is InstantID's face tokens (``face_tokens``, or told by its name / preprocessor)."""
+        if self.face_tokens is not None:
+            return bool(self.face_tokens)
+        if self.preprocessor == "instant_id_face_keypoints":
+            return True
+        source = self.part.source_file if self.part is not None else None
+        return any(names_instantid(p) for p in (getattr(self.net, "path", self.net), source) if p is not None)
 
     @property
     def model_name(self) -> str:
@@ -188,6 +209,27 @@ class ControlNet:
     def cond_only(self) -> bool:
         """Whether the uncond rows of a CFG batch get no residual (cfg injection, or diffusers' guess mode)."""
         return self.guess_mode or self.control_mode == CONTROL_MODES[2]
+
+
+#: names of a net's file or folder that say nothing of it: the folder above is read instead (InstantX's
+#: ``InstantID/ControlNetModel/diffusion_pytorch_model.safetensors``)
+_GENERIC = frozenset(n.casefold() for n in ("model.onnx", *WEIGHTS_NAMES, "ControlNetModel", "controlnet"))
+
+
+def names_instantid(path: Any) -> bool:
+    """Whether a net's name says InstantID (``instant_id`` / ``instantid``, any case, ``-`` as ``_``), the
+    extension's rule: its file or folder name, or past generic names (``diffusion_pytorch_model.safetensors``,
+    ``ControlNetModel``, ``model.onnx``) the folder that holds them; never a folder further up."""
+    parts = Path(os.fspath(path)).parts if isinstance(path, (str, os.PathLike)) else ()
+    i = len(parts) - 1
+    while i >= 0:
+        name = parts[i].casefold().replace("-", "_")
+        if "instant_id" in name or "instantid" in name:
+            return True
+        if name not in _GENERIC:
+            return False
+        i -= 1
+    return False
 
 
 def _named(value: Any, names: tuple[str, ...], where: str, what: str, fix: str) -> str:
@@ -256,7 +298,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
                                                                  "inpaint_crop", "hr_option", "pose_models",
-                                                                 "preprocessor_models", "pose_backend")})
+                                                                 "preprocessor_models", "pose_backend", "face_tokens")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -308,6 +350,10 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                              where=f"{where} inpaint_crop",
                              fix="pass inpaint_crop=True (cut to the only-masked area, the default) or False")
         unit.inpaint_crop = bool(unit.inpaint_crop)
+        if unit.face_tokens is not None and not isinstance(unit.face_tokens, (bool, np.bool_)):
+            raise InputError(f"{where} face_tokens must be True, False or None, got {unit.face_tokens!r:.40}",
+                             where=f"{where} face_tokens", fix="pass face_tokens=True (InstantID's ControlNet), False, "
+                                                               "or leave it out (told by the net's name)")
         if not isinstance(unit.guess_mode, (bool, np.bool_)):
             raise InputError(f"{where} guess_mode must be True or False, got {unit.guess_mode!r}",
                              where=f"{where} guess_mode", fix="pass guess_mode=True (diffusers' guess mode) or False")
@@ -641,6 +687,16 @@ def residual_scales(unit: ControlNet, n: int, *, hires: bool = False) -> list[fl
     return [float(np.float32(unit.scale * SOFT_BASE ** (12 - i))) if i < 13 else 0.0 for i in range(n)]
 
 
+def face_context(unit: ControlNet, feeds: Mapping[str, np.ndarray], rows: int) -> np.ndarray:
+    """A face-token unit's ``encoder_hidden_states`` for this call's rows: the negative face tokens (the projection
+    of a zero embedding) on the rows whose IP-Adapter key input is the negative pass's, the face's tokens on the
+    others, however CFG stacks or splits the rows."""
+    marker, neg_key, pos, neg = unit.context
+    got = np.asarray(feeds[marker]).reshape(rows, -1)
+    is_neg = np.all(got == np.asarray(neg_key, got.dtype).reshape(1, -1), axis=1)
+    return np.stack([neg[0] if n else pos[0] for n in is_neg]).astype(np.float32)
+
+
 def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent_channels: int,
          sample_name: str = "sample", batch: int | None = None, hires: bool = False
          ) -> Callable[[dict[str, np.ndarray]], Mapping[str, np.ndarray]]:
@@ -656,6 +712,7 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
         inputs = unit.part.inputs
         sample = feeds[sample_name][:, :latent_channels]  # an inpainting UNet's extra channels are not the net's
         rows = sample.shape[0]
+        text = face_context(unit, feeds, rows) if unit.context is not None else None
         # cfg injection / guess mode: the uncond rows get zeros, so the net runs on the cond half only
         split = unit.cond_only and batch is not None and rows == 2 * batch
         if split:
@@ -663,6 +720,7 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
             feeds = {k: (v[batch:] if isinstance(v, np.ndarray) and v.ndim and v.shape[0] == rows else v)
                      for k, v in feeds.items() if k in inputs or k == "timestep"}
             sample, rows = sample[batch:], batch
+            text = text[batch:] if text is not None else None
         factors = scales[id(unit)]
         scale = unit.scale if on else 0.0
         net_feeds: dict[str, np.ndarray] = {"sample": sample, "controlnet_cond": np.repeat(unit.control, rows, axis=0),
@@ -671,6 +729,8 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
         t = np.asarray(feeds["timestep"]).reshape(-1)
         ts = inputs["timestep"].shape
         net_feeds["timestep"] = t[:1].reshape(()) if len(ts) == 0 else np.resize(t, (rows,))
+        if text is not None:  # InstantID: the face tokens in place of the prompt
+            net_feeds["encoder_hidden_states"] = text
         for name in inputs:
             if name not in net_feeds and name in feeds:
                 net_feeds[name] = feeds[name]

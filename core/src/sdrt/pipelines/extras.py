@@ -483,6 +483,11 @@ class ToolboxMixin:
         if nets is not None:  # (the control latents: _encode_controls, before the init or upscaled image's)
             call.hooks.append(nets.hook(self, units, state, call))
             return state
+        from .ipadapter import face_contexts
+
+        # InstantID's ControlNet reads the face tokens of the run's InstantID IP-Adapter (sdrt.pipelines.ipadapter)
+        face_contexts(getattr(self, "_ip_prepared", None), self.denoiser,  # type: ignore[attr-defined]
+                      units, [f"controlnets[{tb.place(u, k)}]" for k, u in enumerate(units)])
         # the hires pass: the first pass's map resized to its size; the next image's first pass at its own again
         for k, unit in enumerate(units):
             if unit.control is None or tuple(unit.control.shape[-2:]) != (height, width):

@@ -16,6 +16,11 @@ IP-Adapter FaceID reads the normed 512-d ArcFace embedding of a face, as ``insig
   RGB order (a graph whose first nodes are named ``Sub`` and ``Mul`` normalizes itself: 0 and 1, as
   insightface's ``ArcFaceONNX`` decides); the output divided by its norm.
 
+InstantID reads InsightFace's ``antelopev2`` pack instead (``scrfd_10g_bnkps.onnx``, the same SCRFD outputs, and
+``glintr100.onnx``, an ArcFace of the same template): the ``embedding`` as it comes (not normed) of the largest face
+(by box area, as InstantX's examples and sd-webui-controlnet pick it), and that face's 5 points for its ControlNet's
+keypoint map (:func:`draw_kps`).
+
 InsightFace reads BGR pictures (``cv2.imread``'s order; its graphs then swap to RGB): sdrt hands it the RGB
 picture turned to BGR, as h94's examples do, and aligns the CLIP crop from the RGB picture.
 """
@@ -34,9 +39,11 @@ from .cvresize import resample
 
 log = logging.getLogger("sdrt.pipelines.faces")
 
-__all__ = ["Face", "FaceModels", "find_face_models", "norm_crop", "similarity", "warp_affine"]
+__all__ = ["Face", "FaceModels", "draw_kps", "find_face_models", "largest", "norm_crop", "similarity", "warp_affine"]
 
 DETECTOR, RECOGNIZER = "det_10g.onnx", "w600k_r50.onnx"
+#: InsightFace's model packs: (detector, recognizer) files
+PACKS = {"buffalo_l": (DETECTOR, RECOGNIZER), "antelopev2": ("scrfd_10g_bnkps.onnx", "glintr100.onnx")}
 DET_SIZE = 640
 DET_THRESH, NMS_THRESH = 0.5, 0.4
 STRIDES = (8, 16, 32)
@@ -60,20 +67,32 @@ class Face:
     kps: np.ndarray
 
 
-def find_face_models(path: Any, where: str = "face_models") -> Path:
-    """The buffalo_l folder ``path`` is or holds (in one of :data:`LAYOUTS`); InputError on ``where`` otherwise."""
+def face_fix(pack: str) -> str:
+    """Where the tools keep InsightFace's ``pack`` (the fix of a missing one)."""
+    if pack == "buffalo_l":
+        return FACE_FIX
+    det, rec = PACKS[pack]
+    return (f"InsightFace's {pack} folder ({det} and {rec}, as sd-webui-controlnet keeps it in extensions/"
+            f"sd-webui-controlnet/annotator/downloads/insightface/models/{pack} and ComfyUI in "
+            f"models/insightface/models/{pack})")
+
+
+def find_face_models(path: Any, where: str = "face_models", pack: str = "buffalo_l") -> Path:
+    """The ``pack`` folder (InsightFace's buffalo_l, or antelopev2) ``path`` is or holds (in one of :data:`LAYOUTS`,
+    the pack's name for buffalo_l's); InputError on ``where`` otherwise."""
     p = Path(path)
-    for cand in (p, *(p / sub for sub in LAYOUTS)):
-        if (cand / DETECTOR).is_file() and (cand / RECOGNIZER).is_file():
+    det, rec = PACKS[pack]
+    for cand in (p, *(p / sub.replace("buffalo_l", pack) for sub in LAYOUTS)):
+        if (cand / det).is_file() and (cand / rec).is_file():
             return cand
     if p.is_file():
-        raise InputError(f"{p} is a file, not InsightFace's buffalo_l folder", where=where,
-                         fix="pass {@" + where + "} the folder that holds " + f"{DETECTOR} and {RECOGNIZER} "
+        raise InputError(f"{p} is a file, not InsightFace's {pack} folder", where=where,
+                         fix="pass {@" + where + "} the folder that holds " + f"{det} and {rec} "
                              f"({p.parent}, if it holds both)")
     have = p.is_dir()
-    missing = [n for n in (DETECTOR, RECOGNIZER) if not (p / n).is_file()]
+    missing = [n for n in (det, rec) if not (p / n).is_file()]
     raise InputError(f"{p} " + (f"holds no {' and no '.join(missing)}" if have else "does not exist"),
-                     where=where, fix="pass {@" + where + "} " + FACE_FIX)
+                     where=where, fix="pass {@" + where + "} " + face_fix(pack))
 
 
 def similarity(src: np.ndarray, dst: np.ndarray) -> np.ndarray:
@@ -187,18 +206,33 @@ def decode(outs: list[np.ndarray], size: tuple[int, int], scale: float, thresh: 
 
 
 class FaceModels:
-    """InsightFace's ``buffalo_l`` folder, its detector and recognizer run as parts (compiled on first use)."""
+    """InsightFace's ``buffalo_l`` folder (or ``pack`` ``antelopev2``), its detector and recognizer run as parts
+    (compiled on first use). :meth:`detector_only`: the detector file alone (the keypoint map's)."""
 
     def __init__(self, folder: Any, *, backend: str = "auto", device: Any = None, options: Any = None,
-                 where: str = "face_models") -> None:
+                 where: str = "face_models", pack: str = "buffalo_l") -> None:
         from .parts import Part
 
-        self.folder = find_face_models(folder, where)
-        self.where = where
-        self.detector = Part("face_detector", self.folder / DETECTOR, backend=backend, device=device, options=options)
-        self.recognizer = Part("face_recognizer", self.folder / RECOGNIZER, backend=backend, device=device,
-                               options=options)
+        self.folder = find_face_models(folder, where, pack)
+        self.where, self.pack = where, pack
+        det, rec = PACKS[pack]
+        self.detector = Part("face_detector", self.folder / det, backend=backend, device=device, options=options)
+        self.recognizer: Any = Part("face_recognizer", self.folder / rec, backend=backend, device=device,
+                                    options=options)
         self._std: float | None = None
+
+    @classmethod
+    def detector_only(cls, path: Path, *, backend: str = "auto", device: Any = None, options: Any = None
+                      ) -> FaceModels:
+        """The SCRFD detector ``path`` alone (``detect`` only)."""
+        from .parts import Part
+
+        self = cls.__new__(cls)
+        self.folder, self.where, self.pack = Path(path).parent, "models", ""
+        self.detector = Part("face_detector", Path(path), backend=backend, device=device, options=options)
+        self.recognizer = None
+        self._std = None
+        return self
 
     def _input(self, part: Any) -> tuple[str, list[Any]]:
         name, info = next(iter(part.inputs.items()))
@@ -231,8 +265,9 @@ class FaceModels:
                              "stride)", where=str(self.detector.path), fix="pass " + FACE_FIX)
         return decode(outs, (ih, iw), nh / bgr.shape[0])
 
-    def embed(self, rgb: np.ndarray, face: Face) -> np.ndarray:
-        """The normed ArcFace embedding ``[512]`` of ``face`` in the RGB picture."""
+    def embed(self, rgb: np.ndarray, face: Face, normed: bool = True) -> np.ndarray:
+        """The normed ArcFace embedding ``[512]`` of ``face`` in the RGB picture (``normed`` False: as the recognizer
+        gives it, insightface's ``face.embedding``, which InstantID reads)."""
         name, shape = self._input(self.recognizer)
         size = int(shape[2]) if isinstance(shape[2], int) else 112
         if self._std is None:  # insightface's ArcFaceONNX: a graph that begins Sub, Mul normalizes itself
@@ -245,21 +280,63 @@ class FaceModels:
         mean, std = (0.0, 1.0) if self._std == 0.0 else (127.5, 127.5)
         out = self.recognizer.run({name: _blob(crop, mean, std)})
         emb = np.asarray(next(iter(out.values())), np.float32).reshape(-1)
+        if not normed:
+            return emb
         norm = np.linalg.norm(emb)
         return emb / norm if norm > 0 else emb  # zero: a plan's dry run
 
     def close(self) -> None:
         self.detector.close()
-        self.recognizer.close()
+        if self.recognizer is not None:
+            self.recognizer.close()
 
 
-def face_of(models: FaceModels, rgb: np.ndarray, where: str) -> tuple[Face, np.ndarray]:
-    """The picture's first face (best score) and its embedding; one InputError on ``where`` when it has none."""
+def largest(faces: list[Face]) -> Face:
+    """The face with the largest box (the last of the largest, as Python's ``sorted(...)[-1]`` picks it in
+    InstantX's examples and sd-webui-controlnet's ``pick_largest_face``)."""
+    areas = [float((f.bbox[2] - f.bbox[0]) * (f.bbox[3] - f.bbox[1])) for f in faces]
+    best = max(areas)
+    return faces[max(i for i, a in enumerate(areas) if a == best)]
+
+
+def face_of(models: FaceModels, rgb: np.ndarray, where: str, *, pick_largest: bool = False, normed: bool = True
+            ) -> tuple[Face, np.ndarray]:
+    """The picture's first face (best score; ``pick_largest``: the largest) and its embedding (``normed``: divided
+    by its norm); one InputError on ``where`` when it has none."""
     faces = models.detect(rgb)
     if not faces:
         raise InputError(f"InsightFace's detector finds no face in the picture ({rgb.shape[1]}x{rgb.shape[0]})",
                          where=where, fix="pass {@" + where + "} a picture with a face in it, large enough to see "
                                           "(a portrait or a photo of a person)")
+    face = largest(faces) if pick_largest else faces[0]
     if len(faces) > 1:
-        log.info("%d faces in the picture; the first (score %.3f) is used", len(faces), faces[0].score)
-    return faces[0], models.embed(rgb, faces[0])
+        log.info("%d faces in the picture; the %s (score %.3f) is used", len(faces),
+                 "largest" if pick_largest else "first", face.score)
+    return face, models.embed(rgb, face, normed)
+
+
+#: InstantID's keypoint colours (eyes, nose, mouth corners) and the limbs drawn from the nose
+KPS_COLORS = ((255, 0, 0), (0, 255, 0), (0, 0, 255), (255, 255, 0), (255, 0, 255))
+KPS_LIMBS = ((0, 2), (1, 2), (3, 2), (4, 2))
+
+
+def draw_kps(height: int, width: int, kps: np.ndarray) -> np.ndarray:
+    """InstantID's ``draw_kps`` (sd-webui-controlnet's ``instant_id_face_keypoints``): on black, each limb from an
+    eye or a mouth corner to the nose an ellipse (``ellipse2Poly`` of half its length by 4, at its angle in whole
+    degrees, filled in the colour of its outer point), all times 0.6, then each point a filled circle of radius 10
+    in its colour. HxWx3 uint8, RGB."""
+    import math
+
+    from . import cvdraw
+
+    kps = np.asarray(kps, np.float64)
+    out = np.zeros((height, width, 3), np.uint8)  # the extension's float canvas times 0.6, then truncated: each pixel
+    for a, b in KPS_LIMBS:  # is black or one limb's colour, so its colour times 0.6, truncated, is filled in directly
+        x, y = kps[[a, b], 0], kps[[a, b], 1]
+        length = float(np.hypot(x[0] - x[1], y[0] - y[1]))
+        angle = math.degrees(math.atan2(y[0] - y[1], x[0] - x[1]))
+        poly = cvdraw.ellipse2poly((int(np.mean(x)), int(np.mean(y))), (int(length / 2), 4), int(angle), 0, 360, 1)
+        cvdraw.fill_convex_poly(out, poly, [int(float(c) * 0.6) for c in KPS_COLORS[a]])
+    for (x, y), color in zip(kps, KPS_COLORS):
+        cvdraw.circle(out, (int(x), int(y)), 10, color)
+    return out

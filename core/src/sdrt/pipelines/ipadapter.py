@@ -64,7 +64,12 @@ class IPAdapter:
     ``w600k_r50.onnx``; or a models folder holding it as sd-webui-controlnet or ComfyUI keep it), run on the
     pipeline's backend (:mod:`sdrt.pipelines.faces`). FaceID Plus also encodes the face aligned to 224x224 with
     ``image_encoder`` (ViT-H/14); ``shortcut`` (None: on for a file named ``...v2...``, as sd-webui-controlnet decides
-    it) adds the face tokens times ``s_scale`` to its output (h94's FaceID Plus v2)."""
+    it) adds the face tokens times ``s_scale`` to its output (h94's FaceID Plus v2).
+
+    InstantID's adapter (InstantX/InstantID's ``ip-adapter.bin``, the extension's ``ip-adapter_instant_id_sdxl.bin``)
+    reads the largest face's embedding by InsightFace's ``antelopev2`` (``face_models``: that folder,
+    ``scrfd_10g_bnkps.onnx`` and ``glintr100.onnx``); no image encoder. Its 16 face tokens are also the text of
+    InstantID's ControlNet in the same run (:class:`sdrt.pipelines.ControlNet`'s ``face_tokens``)."""
 
     adapter: Any
     image: Any
@@ -302,7 +307,7 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
             log.info("%s is %s: it reads no face embedding, face_models left aside", ad.path.name, ad.label)
         if ad.face:
             faces[j] = face_inputs(pipe, ad, unit, j, n)
-            if ad.kind == "faceid":
+            if ad.kind in ("faceid", "instantid"):
                 opened.append((ad, None))
                 continue
         where = field_name("image_encoder", j, n)
@@ -321,7 +326,8 @@ def prepare(pipe: Any, units: list[IPAdapter]) -> list[Prepared]:
     for j, (ad, enc) in enumerate(opened):
         if enc is None:  # FaceID: its face embedding alone, the negative pass zeros (diffusers' zeros_like)
             emb = faces[j][0]
-            tokens = ad.project_face(np.stack([emb, np.zeros_like(emb)]))
+            pair = np.stack([emb, np.zeros_like(emb)])  # InstantID too: the negative pass the projection of zeros
+            tokens = ad.project(pair) if ad.kind == "instantid" else ad.project_face(pair)
             preps[j] = Prepared(ad, units[j].scale, tokens[:1], tokens[1:], j, units[j])
             continue
         groups.setdefault(encoder_key(enc), []).append(j)
@@ -353,21 +359,24 @@ def encoder_key(enc: ImageEncoder) -> tuple[Any, ...]:
 def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
                 ) -> tuple[np.ndarray, np.ndarray | None]:
     """A FaceID adapter's face embedding ``[512]`` of its picture's first face and, for FaceID Plus, the face aligned
-    to 224x224 (RGB, InsightFace's ``norm_crop``), which its image encoder reads."""
-    from .faces import ARCFACE_DST, Face, FaceModels, face_of, norm_crop
+    to 224x224 (RGB, InsightFace's ``norm_crop``), which its image encoder reads. InstantID: antelopev2's embedding
+    of the largest face, not normed (InstantX's ``face_info['embedding']``)."""
+    from .faces import ARCFACE_DST, PACKS, Face, FaceModels, face_of, norm_crop
     from .images import to_rgb
 
     where = field_name("face_models", j, n)
+    instantid = ad.kind == "instantid"
+    pack = "antelopev2" if instantid else "buffalo_l"
     if unit.face_models is None:
         raise InputError(f"{Path(unit.adapter).name} is {ad.label}: it reads a face embedding made by InsightFace's "
                          "models, and none were given", where=where,
-                         fix=f"pass {_said(where)} InsightFace's buffalo_l folder (det_10g.onnx and w600k_r50.onnx)")
+                         fix=f"pass {_said(where)} InsightFace's {pack} folder ({' and '.join(PACKS[pack])})")
     own = pipe.__dict__.setdefault("_face_models", {})
-    key = str(Path(unit.face_models).resolve())
+    key = f"{pack}:{Path(unit.face_models).resolve()}"
     models = own.get(key)
     if models is None:
         models = own[key] = FaceModels(unit.face_models, backend=pipe.backend, device=pipe.device,
-                                       options=pipe.options, where=where)
+                                       options=pipe.options, where=where, pack=pack)
     rgb = to_rgb(unit.image, "IP-Adapter image", field_name("image", j, n))
     if pipe._dry:  # the plan: the two graphs' calls recorded on twins; a face at the template's place
         for attr in ("detector", "recognizer"):
@@ -383,7 +392,7 @@ def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
         emb = np.nan_to_num(emb)
     else:
         try:
-            face, emb = face_of(models, rgb, field_name("image", j, n))
+            face, emb = face_of(models, rgb, field_name("image", j, n), pick_largest=instantid, normed=not instantid)
         finally:
             if pipe.is_low_memory:  # used once a job, as the image encoder: not held through the denoising
                 from .lowmem import release
@@ -532,6 +541,40 @@ def conditioning(preps: list[Prepared], part: Part, cond: Conditioning, uncond: 
     return cond, uncond
 
 
+def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: list[str]) -> None:
+    """Each ControlNet unit that reads InstantID's face tokens (:attr:`sdrt.pipelines.ControlNet.reads_face_tokens`)
+    gets them as its text (``unit.context``, :func:`sdrt.pipelines.controlnet.face_context`): those of the run's
+    InstantID adapter, or with several, the k-th net the k-th adapter's (sd-webui-controlnet pairs each InstantID
+    ControlNet unit with the IP-Adapter unit before it). ``places``: the units' argument names, for errors."""
+    from ..checkpoint.ipattention import input_names
+
+    for unit in units:
+        unit.context = None
+    wanted = [(unit, place) for unit, place in zip(units, places) if unit.reads_face_tokens]
+    if not wanted:
+        return
+    ids = [p for p in preps or [] if p.ad.kind == "instantid"]
+    if not ids:
+        place = wanted[0][1]
+        raise InputError(f"{place} is InstantID's ControlNet: its text is the face tokens of an InstantID IP-Adapter, "
+                         "and the run has none", where=place,
+                         fix="pass ip_adapter=IPAdapter(InstantID's ip-adapter.bin, image=the face, face_models=the "
+                             f"antelopev2 folder) too, or {place} face_tokens=False for a ControlNet that reads the "
+                             "prompt")
+    if len(ids) > 1 and len(ids) != len(wanted):
+        raise InputError(f"{len(wanted)} InstantID ControlNets and {len(ids)} InstantID IP-Adapters: which face each "
+                         "net reads cannot be told", where=wanted[0][1],
+                         fix="pass one InstantID IP-Adapter, or as many as InstantID ControlNets (paired in order)")
+    widths = ip_inputs(part)
+    first = min(widths)
+    for j, (unit, _) in enumerate(wanted):
+        prep = ids[j if len(ids) > 1 else 0]
+        name = input_names(first, prep.index)[0]
+        dtype = np.dtype(part.inputs[name].dtype)
+        neg_key = prep.feeds(prep.zeros, {first: widths[first]}, dtype)[name]
+        unit.context = (name, neg_key, prep.tokens, prep.zeros)
+
+
 def window_hook(preps: list[Prepared], part: Part, state: Any) -> Any:
     """The denoiser hook that leaves out the adapters whose window (``start``..``end``) does not hold the step the
     loop is on (``state``: the pipeline's :class:`sdrt.pipelines.controlnet.ControlState`): their value inputs are fed
@@ -567,16 +610,20 @@ MODULE_NAMES = {"sd1": "ip-adapter_clip_sd15", "sd2": "ip-adapter_clip_sd15", "s
 
 
 def face_module(adapter: Path) -> str | None:
-    """sd-webui-controlnet's module for a FaceID adapter file (``ip-adapter_face_id``, ``ip-adapter_face_id_plus``),
-    told by its header; None for any other file."""
-    from ..checkpoint.ipadapter import is_faceid
+    """sd-webui-controlnet's module for a face adapter file (``ip-adapter_face_id``, ``ip-adapter_face_id_plus``,
+    InstantID's ``instant_id_face_embedding``), told by its header; None for any other file."""
+    from ..checkpoint.ipadapter import FACE_DIM, is_faceid
     from ..errors import SdrtError
     from ..weights import Weights
 
     try:
-        keys = list(Weights.open(adapter).shapes())
+        shapes = Weights.open(adapter).shapes()
     except (OSError, ValueError, SdrtError):
         return None
+    keys = list(shapes)
+    proj_in = shapes.get("image_proj.proj_in.weight")
+    if proj_in is not None and len(proj_in) == 2 and int(proj_in[1]) == FACE_DIM:
+        return "instant_id_face_embedding"
     if not is_faceid(keys):
         return None
     plus = any(k.startswith("image_proj.perceiver_resampler.") for k in keys)

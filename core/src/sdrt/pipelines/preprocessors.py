@@ -61,6 +61,8 @@ multiples of 64 and cropped back (the padding can change a map that looks at who
 lineart_standard's median does, exactly as in the extension); without a resolution (None) the map is made at
 the image's own size. ``tile_colorfix`` / ``tile_colorfix+sharp``'s map is the image as it is (the extension's
 ``identity``); their sliders are read while sampling, by the colour fix of :mod:`sdrt.pipelines.colorfix`.
+``instant_id_face_keypoints`` (no sliders; ``models``: InsightFace antelopev2's ``scrfd_10g_bnkps.onnx``) is
+InstantID's ``draw_kps`` of the largest face's 5 points on black, padded to 64 (:mod:`sdrt.pipelines.faces`).
 """
 
 from __future__ import annotations
@@ -151,6 +153,8 @@ SPECS: dict[str, Spec] = {
     "openpose_full": Spec("pad", models=True),
     "depth_leres": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
+    # InstantID's ControlNet hint: the largest face's 5 points (InsightFace antelopev2's detector; sdrt.pipelines.faces)
+    "instant_id_face_keypoints": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
@@ -179,7 +183,7 @@ MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
 _OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose",
-             "inpaint_only+lama")
+             "inpaint_only+lama", "instant_id_face_keypoints")
 #: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
 #: :data:`MAX_NET_PIXELS` there too, as at a processor resolution (HED on a 6000x4000 photo took ~13 GB;
 #: depth_leres++'s numpy steps run at the image's size); every model-backed one but those that resize it themselves
@@ -515,6 +519,30 @@ def lineart(name: str, models: Any, backend: str = "auto", device: Any = None, w
     return _kept(name, (path,), backend, device, lambda be, dev: DETECTORS[name](path, backend=be, device=dev))
 
 
+def face_detector(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """InsightFace antelopev2's SCRFD detector (``scrfd_10g_bnkps.onnx`` or a folder holding it in the extension's or
+    ComfyUI's layout) as a :class:`sdrt.pipelines.faces.FaceModels` that detects only, kept as :func:`dwpose`'s are."""
+    from .faces import FaceModels
+
+    (path,) = model_files("instant_id_face_keypoints", models, where)
+    return _kept("instant_id_face_keypoints", (path,), backend, device,
+                 lambda be, dev: FaceModels.detector_only(path, backend=be, device=dev))
+
+
+def face_keypoints(rgb: np.ndarray, detector: Any, where: str = "image") -> np.ndarray:
+    """sd-webui-controlnet's ``instant_id_face_keypoints`` map of an image (already at its resolution, padded):
+    InstantID's ``draw_kps`` of the largest face's 5 points; InputError on ``where`` when there is no face."""
+    from .faces import draw_kps, largest
+
+    faces = detector.detect(rgb)
+    if not faces:
+        raise InputError(f"InsightFace's detector finds no face in the picture ({rgb.shape[1]}x{rgb.shape[0]}), "
+                         "whose keypoints instant_id_face_keypoints draws", where=where,
+                         fix="pass a picture with a face in it, large enough to see, or a keypoint map made "
+                             "elsewhere with preprocessor none")
+    return draw_kps(rgb.shape[0], rgb.shape[1], largest(faces).kps)
+
+
 def mlsd(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.mlsdmaps.MLSD` of ``models`` (``mlsd_large_512_fp32.pth`` or a folder holding it
     in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
@@ -783,6 +811,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     elif name == "depth_leres++":
         det = leres_boost(models, backend, device, where)
         rgb = cm.to_rgb(det(cm.checked_rgb(rgb, "sdrt.pipelines.leresboost"), lo, hi))
+    elif name == "instant_id_face_keypoints":
+        rgb = face_keypoints(cm.checked_rgb(rgb, "sdrt.pipelines.faces"), face_detector(models, backend, device, where))
     elif name in OPENPOSE_PARTS:
         rgb = pose_map(cm.checked_rgb(rgb, "sdrt.pipelines.openposeparts"),
                        openpose_parts(name, models, backend, device, where))

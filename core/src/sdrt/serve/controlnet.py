@@ -47,6 +47,7 @@ MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble
                 "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed",
                 "softedge_anyline": "softedge_anyline"})
 MODULES["animal_openpose"] = "animal_openpose"  # the AP10K animal pose (sdrt.pipelines.animalpose)
+MODULES["instant_id_face_keypoints"] = "instant_id_face_keypoints"  # InstantID's hint (sdrt.pipelines.faces)
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
            "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
@@ -80,6 +81,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     "color": [_RES],
     "recolor_luminance": [None, _GAMMA], "recolor_intensity": [None, _GAMMA],
     "dw_openpose_full": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
+    "instant_id_face_keypoints": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "animal_openpose": [{"name": "Resolution", "value": 512, "min": 64, "max": 2048}],
     "mlsd": [_RES, {"name": "MLSD Value Threshold", "min": 0.01, "max": 2.0, "value": 0.1, "step": 0.01},
@@ -129,16 +131,17 @@ _NEEDS = (("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the
                          "/ ip-adapter_clip_g)"),
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
-          ("instant_id", "InstantID's face models"), ("revision", "CLIP vision conditioning"),
+          ("revision", "CLIP vision conditioning"),
           ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
 IP_MODULES = ("ip-adapter_clip_sd15", "ip-adapter_clip_h", "ip-adapter_clip_sdxl_plus_vith", "ip-adapter-auto",
               "clip-vit-h (ipadapter)", "ip-adapter_clip_g", "ip-adapter_clip_sdxl", "clip-vit-bigg (ipadapter)",
-              "ip-adapter_face_id", "ip-adapter_face_id_plus")
-#: the extension's FaceID modules: InsightFace's face embedding (and, for Plus, ViT-H/14 of the aligned face)
-FACE_MODULES = ("ip-adapter_face_id", "ip-adapter_face_id_plus")
+              "ip-adapter_face_id", "ip-adapter_face_id_plus", "instant_id_face_embedding")
+#: the extension's FaceID modules: InsightFace's face embedding (and, for Plus, ViT-H/14 of the aligned face);
+#: InstantID's: antelopev2's embedding, read by its IP-Adapter (the unit before its ControlNet unit)
+FACE_MODULES = ("ip-adapter_face_id", "ip-adapter_face_id_plus", "instant_id_face_embedding")
 #: the encoder an IP-Adapter module names (``ip-adapter-auto``: none, the adapter's own)
 IP_MODULE_ENCODERS = {"ip-adapter_clip_sd15": "ViT-H/14", "ip-adapter_clip_h": "ViT-H/14",
                       "ip-adapter_clip_sdxl_plus_vith": "ViT-H/14", "clip-vit-h (ipadapter)": "ViT-H/14",
@@ -429,32 +432,35 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
     if start > end:
         raise ApiError(400, f"{where}.guidance_start {start:g} is after {where}.{end_key} {end:g}",
                        field=f"{where}.guidance_start")
-    encoder = None if face == "ip-adapter_face_id" else str(_image_encoder(entry.path, registry, f"{where}.model"))
-    faces = str(_face_models(registry, f"{where}.module")) if face is not None else None
+    encoder = None if face in ("ip-adapter_face_id", "instant_id_face_embedding") else str(
+        _image_encoder(entry.path, registry, f"{where}.model"))
+    pack = "antelopev2" if face == "instant_id_face_embedding" else "buffalo_l"
+    faces = str(_face_models(registry, f"{where}.module", pack)) if face is not None else None
     return make(str(entry.path), image=image, scale=weight, image_encoder=encoder, start=start, end=end,
                 window="a1111", face_models=faces)  # the extension's step window: start <= i / n <= end, as its
     # ControlNet units'
 
 
-def _face_models(registry: Registry, field: str) -> Any:
-    """InsightFace's buffalo_l folder for a FaceID unit, where the tools keep it: the models folder's
-    ``insightface/models/buffalo_l`` (ComfyUI's, Forge's), or sd-webui-controlnet's
+def _face_models(registry: Registry, field: str, pack: str = "buffalo_l") -> Any:
+    """InsightFace's buffalo_l folder for a FaceID unit (``pack`` antelopev2 for InstantID's), where the tools keep
+    it: the models folder's ``insightface/models/buffalo_l`` (ComfyUI's, Forge's), or sd-webui-controlnet's
     ``extensions/sd-webui-controlnet/annotator/downloads/insightface/models/buffalo_l`` beside it; 400 when none."""
     from ..errors import SdrtError
-    from ..pipelines.faces import find_face_models
+    from ..pipelines.faces import PACKS, find_face_models
 
     models = registry.models_dir
     places = [] if models is None else [models, models.parent / "extensions" / "sd-webui-controlnet",
                                         models.parent / "extensions" / "sd-webui-controlnet-main"]
     for place in places:
         try:
-            return find_face_models(place)
+            return find_face_models(place, pack=pack)
         except SdrtError:
             continue
-    raise ApiError(400, f"{field}: the FaceID modules read InsightFace's buffalo_l models (det_10g.onnx and "
-                        "w600k_r50.onnx), found in none of the models folder's insightface/models/buffalo_l nor "
-                        "sd-webui-controlnet's annotator/downloads/insightface/models/buffalo_l; put that folder "
-                        "there", field=field)
+    det, rec = PACKS[pack]
+    who = "the FaceID modules read" if pack == "buffalo_l" else "instant_id_face_embedding reads"
+    raise ApiError(400, f"{field}: {who} InsightFace's {pack} models ({det} and {rec}), found in none of the models "
+                        f"folder's insightface/models/{pack} nor sd-webui-controlnet's annotator/downloads/insightface/"
+                        f"models/{pack}; put that folder there", field=field)
 
 
 def _same_encoder(module: Any, adapter: Any, field: str) -> str | None:
@@ -466,7 +472,7 @@ def _same_encoder(module: Any, adapter: Any, field: str) -> str | None:
     text = str(module).strip().casefold()
     takes = face_module(Path(adapter))
     if takes is not None and text not in (takes, "ip-adapter-auto"):
-        raise ApiError(400, f"{field}: {Path(adapter).name} is a FaceID adapter (it reads InsightFace's face "
+        raise ApiError(400, f"{field}: {Path(adapter).name} is a face adapter (it reads InsightFace's face "
                             f"embedding), and the module {module} does not give one; send module {takes}", field=field)
     if takes is None and text in FACE_MODULES:
         raise ApiError(400, f"{field}: the module {module} gives InsightFace's face embedding, which "

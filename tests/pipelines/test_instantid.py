@@ -1,0 +1,193 @@
+"""InstantID (SDXL) against insightface, OpenCV and diffusers on identical files.
+
+``scripts/gen_instantid_refs.py`` ran insightface's ``FaceAnalysis`` on antelopev2 stand-ins (the buffalo_l ones under
+``scrfd_10g_bnkps.onnx`` / ``glintr100.onnx``: ``instantid_fixtures.antelopev2``), drew InstantID's keypoint map with
+OpenCV, and ran diffusers' ``StableDiffusionXLControlNetPipeline`` on tiny-sdxl with the ControlNet exported as
+``tiny-sdxl-controlnet/controlnet`` and a tiny InstantID adapter in InstantX's layout (``instantid_fixtures``,
+rebuilt here from its seed, sha256 checked), fed [zeros, the raw embedding] and the ControlNet the projected face
+tokens as its ``encoder_hidden_states`` (the community InstantID pipeline's math). The same run with the prompt as
+the ControlNet's text is 130+ levels away, so a pipeline feeding the prompt would fail here.
+"""
+
+from __future__ import annotations
+
+import json
+
+import faceid_fixtures as ff
+import instantid_fixtures as fx
+import numpy as np
+import pytest
+from pipeline_helpers import DATA, assert_matches_diffusers, register
+
+from sdrt import pipelines
+from sdrt.checkpoint.ipadapter import open_ip_adapter
+from sdrt.errors import InputError
+from sdrt.pipelines import ControlNet, IPAdapter
+from sdrt.pipelines.faces import Face, FaceModels, draw_kps, face_of, largest
+from sdrt.pipelines.preprocessors import preprocess
+
+FACES = fx.FACES
+REFS = np.load(FACES / "instantid_refs.npz")
+META = json.loads((FACES / "instantid_refs.json").read_text())
+CASES = META["cases"]
+FOLDER = DATA / "tiny-sdxl-controlnet"
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    """The tiny InstantID adapter, built again byte for byte, and the antelopev2 stand-in folder."""
+    folder = tmp_path_factory.mktemp("instantid")
+    path, digest = fx.write(folder)
+    assert digest == META["sha256"][path.name]
+    return path, fx.antelopev2(folder)
+
+
+def units(case: dict, files, **extra) -> dict:
+    adapter, antelope = files
+    return dict(ip_adapter=IPAdapter(adapter, image=ff.face_picture(), scale=case["scale"], face_models=antelope),
+                controlnets=[ControlNet("controlnet", REFS["hint64"], scale=case["cn_scale"], **extra)])
+
+
+def kwargs(case: dict) -> dict:
+    return dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=64, height=64)
+
+
+def test_the_embedding_is_antelopev2s_raw_one_of_the_largest_face(files):
+    register("reference")
+    models = FaceModels(files[1], backend="reference", pack="antelopev2")
+    face, emb = face_of(models, ff.face_picture(), "image", pick_largest=True, normed=False)
+    assert np.abs(face.kps - REFS["kps"]).max() < 0.05
+    assert abs(float(np.linalg.norm(emb)) - float(np.linalg.norm(REFS["embedding"]))) < 1e-2  # not normed: ~19.9
+    assert np.abs(emb - REFS["embedding"]).max() < 1e-2
+
+
+def test_largest_is_by_box_area_not_score():
+    small = Face(np.array([0, 0, 10, 10], np.float32), 0.99, np.zeros((5, 2), np.float32))
+    big = Face(np.array([0, 0, 30, 20], np.float32), 0.6, np.zeros((5, 2), np.float32))
+    assert largest([small, big]) is big and largest([big, small]) is big
+
+
+def test_the_keypoint_map_is_instantids_draw_kps(files):
+    got = draw_kps(*REFS["kps_map"].shape[:2], REFS["kps"])
+    assert np.array_equal(got, REFS["kps_map"])
+    assert np.array_equal(draw_kps(64, 64, REFS["kps"] * np.array([64 / 320, 64 / 256], np.float32)), REFS["hint64"])
+    register("reference")
+    made = preprocess(ff.face_picture(), "instant_id_face_keypoints", models=files[1], backend="reference")
+    assert made.shape == REFS["kps_map"].shape
+    assert (made != REFS["kps_map"]).any(-1).mean() < 0.002  # detected points within 0.05 px of insightface's
+    with pytest.raises(InputError, match="finds no face"):
+        preprocess(ff.no_face_picture(), "instant_id_face_keypoints", models=files[1], backend="reference")
+
+
+def test_the_projection_is_diffusers_resampler_of_one_face_token(files):
+    ad = open_ip_adapter(files[0], base="sdxl", text_width=64)
+    assert ad.kind == "instantid" and ad.tokens == 16 and ad.image_dim == 512 and ad.encoder_width is None
+    emb = REFS["embedding"][None]
+    got = ad.project(np.concatenate([np.zeros_like(emb), emb]))
+    assert got.shape == REFS["tokens"].shape and np.abs(got - REFS["tokens"]).max() < 1e-3
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+def test_instantid_matches_diffusers(case, files):
+    register("reference")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], **units(case, files, face_tokens=True),
+                            **kwargs(case)).images
+    assert_matches_diffusers(got, REFS[case["name"]])
+
+
+@pytest.mark.parametrize("backend", ["openvino", "ggml"])
+def test_instantid_matches_diffusers_on_compiled_backends(backend, files):
+    register(backend)
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend=backend) as pipe:
+        got = pipe.generate(case["prompt"], case["negative_prompt"], **units(case, files, face_tokens=True),
+                            **kwargs(case)).images
+        assert pipe.unet.backend == backend
+    assert_matches_diffusers(got, REFS[case["name"]])
+
+
+def test_which_nets_read_the_face_tokens():
+    img = REFS["hint64"]
+    assert ControlNet("models/ControlNet/control_instant_id_sdxl.safetensors", img).reads_face_tokens
+    assert ControlNet("InstantID/ControlNetModel/diffusion_pytorch_model.safetensors", img).reads_face_tokens
+    assert ControlNet("controlnet", img, preprocessor="instant_id_face_keypoints").reads_face_tokens
+    assert not ControlNet("controlnet", img).reads_face_tokens
+    assert not ControlNet("/work/wt-instantid/models/tiny-controlnet/controlnet", img).reads_face_tokens  # a folder up
+    assert ControlNet("ControlNet/control_instant-id_sdxl", img).reads_face_tokens
+    assert not ControlNet("instantid-like/control.safetensors", img, face_tokens=False).reads_face_tokens
+
+
+def test_a_face_token_net_without_an_instantid_adapter_is_one_error(files):
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        kw = units(case, files, face_tokens=True)
+        with pytest.raises(InputError, match="InstantID's ControlNet") as info:
+            pipe.generate("a cat", controlnets=kw["controlnets"], **kwargs(case))
+        assert info.value.where == "controlnets[0]"
+        with pytest.raises(InputError, match="face_tokens must be"):
+            pipe.generate("a cat", controlnets=[ControlNet("controlnet", REFS["hint64"], face_tokens="yes")],
+                          **kwargs(case))
+
+
+def test_generate_cli_runs_instantid_by_the_nets_name(files, tmp_path, capsys):
+    """--ip-adapter InstantID's adapter with --face-models (antelopev2 found in the folder given), and a --controlnet
+    whose folder names InstantID: it reads the face tokens without a flag; the PNG records the adapter's unit as
+    sd-webui-controlnet does (instant_id_face_embedding)."""
+    import shutil
+
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    net = tmp_path / "control_instant_id_sdxl"
+    shutil.copytree(FOLDER / "controlnet", net)
+    picture, hint, out = tmp_path / "face.png", tmp_path / "kps.png", tmp_path / "out.png"
+    Image.fromarray(ff.face_picture()).save(picture)
+    Image.fromarray(REFS["hint64"]).save(hint)
+    case = CASES[0]
+    rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+               str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", case["sampler"],
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+               "--ip-adapter", str(files[0]), "--ip-adapter-image", str(picture), "--ip-adapter-scale",
+               str(case["scale"]), "--face-models", str(files[1].parent), "--controlnet", str(net),
+               "--control-image", str(hint), "--control-scale", str(case["cn_scale"])])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        assert_matches_diffusers([np.asarray(img.convert("RGB"))], REFS[case["name"]])
+        text = img.text["parameters"]
+    assert "Module: instant_id_face_embedding, Model: ip-adapter_instant_id_tiny_sdxl" in text, text
+
+
+def test_generate_cli_face_tokens_flag_for_a_net_of_another_name(files, tmp_path, capsys):
+    """--control-face-tokens: the model folder's own ControlNet (its name says nothing) reads the face tokens; off, a
+    net named InstantID reads the prompt (130+ levels from the reference)."""
+    import shutil
+
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    picture, hint = tmp_path / "face.png", tmp_path / "kps.png"
+    Image.fromarray(ff.face_picture()).save(picture)
+    Image.fromarray(REFS["hint64"]).save(hint)
+    named = tmp_path / "control_instant_id_sdxl"
+    shutil.copytree(FOLDER / "controlnet", named)
+    case = CASES[0]
+    for net, flag, same in ((None, "on", True), (named, "off", False)):
+        out = tmp_path / f"{flag}.png"
+        rc = main(["generate", str(FOLDER), case["prompt"], "--negative", case["negative_prompt"], "--steps",
+                   str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler",
+                   case["sampler"], "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+                   "--ip-adapter", str(files[0]), "--ip-adapter-image", str(picture), "--ip-adapter-scale",
+                   str(case["scale"]), "--face-models", str(files[1]), "--control-image", str(hint),
+                   "--control-scale", str(case["cn_scale"]), "--control-face-tokens", flag,
+                   *(["--controlnet", str(net)] if net else [])])
+        assert rc == 0, capsys.readouterr().err
+        with Image.open(out) as img:
+            got = np.asarray(img.convert("RGB"))
+        diff = int(np.abs(got.astype(int) - REFS[case["name"]][0]).max())
+        assert (diff <= 1) if same else (diff > 50), (flag, diff)
