@@ -47,10 +47,56 @@ class _Parser(argparse.ArgumentParser):
             return value
         return super()._get_values(action, arg_strings)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, after ``bare_values``: a flag whose value may be left out takes the next word only when that
+        word is one of its values (``--control-pixel-perfect "a cat"`` leaves the prompt a prompt)."""
+        if args is None:
+            args = sys.argv[1:]
+        return super().parse_known_args(bare_values(self, list(args)), namespace)
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None
         return super()._parse_optional(arg_string)
+
+
+class OptionalValue(argparse._AppendAction):
+    """A repeatable flag whose value may be left out: ``--flag`` alone is ``--flag=CONST``, and the next word is its
+    value only when it is one of ``choices`` (any case). argparse's ``nargs="?"`` took any next word, so a flag left
+    bare before the prompt swallowed the prompt ("invalid choice: 'a cat'"). Values are checked and lowercased by
+    ``type`` (one line naming the flag and its values); ``bare_values`` rewrites the bare flags before parsing."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, const: str, choices: tuple[str, ...],
+                 **kwargs: Any) -> None:
+        def value(text: str) -> str:
+            if text.lower() not in choices:
+                raise argparse.ArgumentTypeError(f"takes {' or '.join(choices)} (or nothing: {const}), got {text!r}")
+            return text.lower()
+
+        kwargs.setdefault("metavar", f"[{'|'.join(choices)}]")
+        super().__init__(option_strings, dest, type=value, **kwargs)
+        self.bare, self.values = const, choices
+
+
+def bare_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+    """``args`` with each bare ``OptionalValue`` flag of ``parser`` (or an abbreviation argparse would take for it)
+    written ``--flag=CONST`` when the next word is not one of its values; nothing after ``--`` changes."""
+    known = parser._option_string_actions
+    if not any(isinstance(a, OptionalValue) for a in known.values()):
+        return args
+    out = list(args)
+    for k, word in enumerate(args):
+        if word == "--":
+            break
+        if not word.startswith("--") or "=" in word:
+            continue
+        action = known.get(word)
+        if action is None and parser.allow_abbrev:
+            found = {known[o] for o in known if o.startswith(word)}
+            action = found.pop() if len(found) == 1 else None
+        if isinstance(action, OptionalValue) and (k + 1 >= len(args) or args[k + 1].lower() not in action.values):
+            out[k] = f"{word}={action.bare}"
+    return out
 
 
 #: ``{@@name}`` (sdrt.errors) on the command line: how a file of that kind is passed, for every command (generate

@@ -1,0 +1,101 @@
+"""Peak RSS and time per step of a reference_only run, with the read calls copying the banks out (``--before``: the
+UNet's every output returned, as before Session.run(outputs=)) or not (the default).
+
+    # a mid-size SD 1.x UNet (SD 1.5's layout at a quarter of its widths), random weights, on tiny-sd15-dyn's parts:
+    /work/refvenv/bin/python scripts/bench_refonly_outputs.py export /tmp/mid-sd15
+    # one process per figure (peak RSS is the process's high-water mark):
+    python scripts/bench_refonly_outputs.py run tests/data/pipelines/tiny-sd15-dyn --size 512 --backend openvino
+    python scripts/bench_refonly_outputs.py run /tmp/mid-sd15 --size 512 --backend ggml --before
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import time
+from pathlib import Path
+
+TINY = Path(__file__).resolve().parents[1] / "tests" / "data" / "pipelines" / "tiny-sd15-dyn"
+
+
+def export(out: Path) -> None:
+    import torch
+    from diffusers import UNet2DConditionModel
+    from gen_pipeline_refs import _export, _Unet
+
+    torch.manual_seed(0)
+    shutil.copytree(TINY, out, dirs_exist_ok=True)
+    unet = UNet2DConditionModel(
+        sample_size=64, in_channels=4, out_channels=4, layers_per_block=2, block_out_channels=(80, 160, 320, 320),
+        down_block_types=("CrossAttnDownBlock2D",) * 3 + ("DownBlock2D",),
+        up_block_types=("UpBlock2D",) + ("CrossAttnUpBlock2D",) * 3, cross_attention_dim=32, norm_num_groups=16,
+        attention_head_dim=8).eval()
+    shutil.rmtree(out / "unet")
+    axes = {0: "batch_size", 2: "height", 3: "width"}
+    _export(_Unet(unet, False), (torch.randn(2, 4, 32, 36), torch.tensor([999.0, 999.0]), torch.randn(2, 77, 32)),
+            out / "unet" / "model.onnx", ["sample", "timestep", "encoder_hidden_states"], ["out_sample"],
+            {"sample": axes, "timestep": {0: "batch_size"}, "encoder_hidden_states": {0: "batch_size"},
+             "out_sample": axes}, external=True)
+    unet.save_config(out / "unet")
+    print(f"{sum(p.numel() for p in unet.parameters()) / 1e6:.1f}M parameters in {out}")
+
+
+def run(folder: Path, size: int, steps: int, backend: str, before: bool) -> None:
+    import numpy as np
+
+    from sdrt import pipelines
+    from sdrt.pipelines import ControlNet, budget
+
+    if before:  # every UNet call returns every output, the banks too (the read calls as they were)
+        from sdrt.pipelines.parts import Part
+
+        edit = Part.edit_graph
+        Part.edit_graph = lambda self, e, key=None, hidden=None: edit(self, e, key, None)
+    picture = (np.random.default_rng(0).random((size, size, 3)) * 255).astype(np.uint8)
+    unit = ControlNet(None, picture, preprocessor="reference_only", scale=1.0)
+    times: list[float] = []
+    with pipelines.load(folder, backend=backend) as pipe:
+        kw = dict(steps=steps, cfg=7.0, sampler="Euler", seed=1, width=size, height=size, controlnets=[unit])
+        pipe.generate("a cat", "", **{**kw, "steps": 1})  # compiles
+        rss0 = budget.current_rss()
+        last = [time.perf_counter()]
+
+        def tick(i, n, x):
+            now = time.perf_counter()
+            times.append(now - last[0])
+            last[0] = now
+
+        reset = budget.reset_peak()  # the steps' own high-water mark, not the compile's
+        last[0] = time.perf_counter()
+        pipe.generate("a cat", "", callback=tick, **kw)
+        peak, source = budget.peak_rss()
+        source += "" if reset else " (not reset: the whole process)"
+    print(json.dumps({"folder": folder.name, "backend": backend, "size": size, "before": before,
+                      "s_per_step_min": round(float(min(times[1:] or times)), 3),
+                      "s_per_step_median": round(float(np.median(times[1:] or times)), 3),
+                      "rss_after_compile_mib": round(rss0 / 2**20), "peak_rss_mib": round(peak / 2**20),
+                      "source": source}))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    ex = sub.add_parser("export")
+    ex.add_argument("out", type=Path)
+    r = sub.add_parser("run")
+    r.add_argument("folder", type=Path)
+    r.add_argument("--size", type=int, default=512)
+    r.add_argument("--steps", type=int, default=4)
+    r.add_argument("--backend", default="openvino")
+    r.add_argument("--before", action="store_true")
+    a = ap.parse_args()
+    if a.cmd == "export":
+        export(a.out)
+    else:
+        run(a.folder, a.size, a.steps, a.backend, a.before)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
