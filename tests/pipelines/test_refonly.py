@@ -237,9 +237,8 @@ def test_the_read_calls_copy_no_bank_out(monkeypatch):
     get ``out_sample`` alone, so the session copies none of the hundreds of MiB of banks out (``Session.run``'s
     ``outputs=``; docs/toolbox.md)."""
     register("reference")
-    from sdrt_reference.backend import ReferenceSession
-
     from sdrt.checkpoint.refattention import written
+    from sdrt_reference.backend import ReferenceSession
 
     asked: list[tuple[str, ...] | None] = []
     whole, some = ReferenceSession._run, ReferenceSession._run_outputs

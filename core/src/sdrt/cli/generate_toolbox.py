@@ -22,9 +22,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
-from . import OptionalValue
 from ..pipelines.preprocessors import NAMES as PREPROCESSORS
 from ..pipelines.preprocessors import WITH_MODELS
+from . import OptionalValue
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
