@@ -6,6 +6,8 @@ UNet's every output returned, as before Session.run(outputs=)) or not (the defau
     # one process per figure (peak RSS is the process's high-water mark):
     python scripts/bench_refonly_outputs.py run tests/data/pipelines/tiny-sd15-dyn --size 512 --backend openvino
     python scripts/bench_refonly_outputs.py run /tmp/mid-sd15 --size 512 --backend ggml --before
+    # one read call, whole against out_sample alone, interleaved:
+    python scripts/bench_refonly_outputs.py calls /tmp/mid-sd15 --size 512 --backend ggml
 """
 
 from __future__ import annotations
@@ -79,6 +81,48 @@ def run(folder: Path, size: int, steps: int, backend: str, before: bool) -> None
                       "source": source}))
 
 
+def calls(folder: Path, size: int, backend: str, repeats: int) -> None:
+    """One read call of the reference-edited UNet, whole (every output: the banks too) against ``out_sample`` alone,
+    interleaved in one process: median seconds, the bytes returned, and the process's peak RSS above its resident
+    size before each call (VmHWM reset per call)."""
+    import numpy as np
+
+    from sdrt import pipelines
+    from sdrt.pipelines import budget, refattn
+
+    with pipelines.load(folder, backend=backend) as pipe:
+        from sdrt.pipelines import ipadapter as ipa
+
+        unet = pipe.unet
+        refattn.use_graph(unet, 0, ipa.heads_for(pipe.folder.configs, pipe.family.name, "unet"), True)
+        lat = size // 8
+        feeds = {"sample": np.zeros((2, 4, lat, lat), np.float32), "timestep": np.full((2,), 500.0, np.float32),
+                 "encoder_hidden_states": np.zeros((2, 77, 32), np.float32)}
+        layers = refattn.Layers(unet)
+        for k, width in layers.widths.items():
+            feeds[f"ref_bank_in_{k}"] = np.zeros((2, layers.tokens(k, lat, lat), width), np.float32)
+            feeds[f"ref_mix_{k}"] = np.zeros((2, 1, 1), np.float32)
+        unet.run(feeds, select=tuple(unet.outputs))  # compiles
+        got: dict[str, list[float]] = {"whole": [], "out_sample": []}
+        peaks: dict[str, list[int]] = {"whole": [], "out_sample": []}
+        sizes = {}
+        for _ in range(repeats):
+            for how, select in (("whole", tuple(unet.outputs)), ("out_sample", ("out_sample",))):
+                rss = budget.current_rss()
+                budget.reset_peak()
+                t0 = time.perf_counter()
+                out = unet.run(feeds, select=select)
+                got[how].append(time.perf_counter() - t0)
+                peaks[how].append(budget.peak_rss()[0] - rss)
+                sizes[how] = sum(np.asarray(v).nbytes for v in out.values())
+                del out
+    print(json.dumps({"folder": folder.name, "backend": backend, "size": size, "rows": 2, **{
+        how: {"s_median": round(float(np.median(t)), 4), "s_min": round(min(t), 4),
+              "returned_mib": round(sizes[how] / 2**20, 2), "peak_above_rss_mib": round(float(np.median(peaks[how]))
+                                                                                      / 2**20, 1)}
+        for how, t in got.items()}}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -90,9 +134,16 @@ def main() -> None:
     r.add_argument("--steps", type=int, default=4)
     r.add_argument("--backend", default="openvino")
     r.add_argument("--before", action="store_true")
+    c = sub.add_parser("calls")
+    c.add_argument("folder", type=Path)
+    c.add_argument("--size", type=int, default=512)
+    c.add_argument("--backend", default="ggml")
+    c.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
     if a.cmd == "export":
         export(a.out)
+    elif a.cmd == "calls":
+        calls(a.folder, a.size, a.backend, a.repeats)
     else:
         run(a.folder, a.size, a.steps, a.backend, a.before)
 
