@@ -41,6 +41,10 @@ def test_the_flags_help_and_bad_value_are_one_line_in_cli_words(capsys):
     assert err.count("\n") == 1, err
     assert err.startswith("error: argument --control-pixel-perfect: takes on or off (or nothing: on), got 'maybe'"), err
     assert "Where: sdrt generate." in err
+    with pytest.raises(SystemExit):  # after the prompt, a word that is no value: not taken, and said why
+        main(["generate", "a cat", "--control-pixel-perfect", "maybe"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: maybe (--control-pixel-perfect takes on or off" in err
     with pytest.raises(SystemExit):
         main(["generate", "--help"])
     out = capsys.readouterr().out

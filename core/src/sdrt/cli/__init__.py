@@ -52,7 +52,8 @@ class _Parser(argparse.ArgumentParser):
         word is one of its values (``--control-pixel-perfect "a cat"`` leaves the prompt a prompt)."""
         if args is None:
             args = sys.argv[1:]
-        return super().parse_known_args(bare_values(self, list(args)), namespace)
+        self.bare_after: dict[str, str] = {}  # {the word after a bare flag: the flag}, for an error about the word
+        return super().parse_known_args(bare_values(self, list(args), self.bare_after), namespace)
 
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
@@ -78,9 +79,10 @@ class OptionalValue(argparse._AppendAction):
         self.bare, self.values = const, choices
 
 
-def bare_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
+def bare_values(parser: argparse.ArgumentParser, args: list[str], after: dict[str, str] | None = None) -> list[str]:
     """``args`` with each bare ``OptionalValue`` flag of ``parser`` (or an abbreviation argparse would take for it)
-    written ``--flag=CONST`` when the next word is not one of its values; nothing after ``--`` changes."""
+    written ``--flag=CONST`` when the next word is not one of its values; nothing after ``--`` changes. ``after``
+    gets ``{next word: flag}`` of those (a word argparse then finds no place for was maybe meant as the value)."""
     known = parser._option_string_actions
     if not any(isinstance(a, OptionalValue) for a in known.values()):
         return args
@@ -96,6 +98,8 @@ def bare_values(parser: argparse.ArgumentParser, args: list[str]) -> list[str]:
             action = found.pop() if len(found) == 1 else None
         if isinstance(action, OptionalValue) and (k + 1 >= len(args) or args[k + 1].lower() not in action.values):
             out[k] = f"{word}={action.bare}"
+            if after is not None and k + 1 < len(args):
+                after.setdefault(args[k + 1], max(action.option_strings, key=len))
     return out
 
 
@@ -172,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # refused by the command's own parser: "Where: sdrt plan", not the top-level "sdrt"
         sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers and \
             getattr(args, "command", None) else None
-        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = next(((w, f) for w in extra for f in [getattr(sub, "bare_after", {}).get(w)] if f), None)
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}" + (
+            f" ({hint[1]} takes on or off, or nothing for on: {hint[0]!r} is neither, and no other argument is left "
+            "to take it)" if hint else ""))
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)
