@@ -8,6 +8,8 @@ UNet's every output returned, as before Session.run(outputs=)) or not (the defau
     python scripts/bench_refonly_outputs.py run /tmp/mid-sd15 --size 512 --backend ggml --before
     # one read call, whole against out_sample alone, interleaved:
     python scripts/bench_refonly_outputs.py calls /tmp/mid-sd15 --size 512 --backend ggml
+    # SDXL's banks at 1024 (float16, 200 MiB a row) as a graph's outputs: what a read call copied out
+    python scripts/bench_refonly_outputs.py synthetic --backend openvino --rows 2
 """
 
 from __future__ import annotations
@@ -123,6 +125,51 @@ def calls(folder: Path, size: int, backend: str, repeats: int) -> None:
         for how, t in got.items()}}))
 
 
+def synthetic(backend: str, rows: int, repeats: int) -> None:
+    """SDXL's banks at 1024 in float16 as a graph's outputs (10 layers of [rows, 4096, 640], 60 of [rows, 1024, 1280]:
+    200 MiB a row) beside a small ``out``: a whole run against ``out`` alone. Median seconds and the peak of the
+    arrays numpy allocates during the call (tracemalloc: what the session copies out), interleaved."""
+    import tracemalloc
+
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    import sdrt
+
+    f16 = TensorProto.FLOAT16
+    nodes, outs = [], [helper.make_tensor_value_info("out", f16, [rows, 4, 128, 128])]
+    nodes.append(helper.make_node("Mul", ["s", "one"], ["out"]))
+    for i in range(70):
+        src, shape = ("z", [rows, 4096, 640]) if i < 10 else ("x", [rows, 1024, 1280])
+        nodes.append(helper.make_node("Mul", [src, "one"], [f"ref_bank_{2 * i}"]))
+        outs.append(helper.make_tensor_value_info(f"ref_bank_{2 * i}", f16, shape))
+    ins = [helper.make_tensor_value_info("s", f16, [rows, 4, 128, 128]),
+           helper.make_tensor_value_info("x", f16, [rows, 1024, 1280]),
+           helper.make_tensor_value_info("z", f16, [rows, 4096, 640])]
+    g = helper.make_graph(nodes, "banks", ins, outs, [numpy_helper.from_array(np.ones((), np.float16), "one")])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    rng = np.random.default_rng(0)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype(np.float16)
+             for i in ins}
+    got: dict[str, list[float]] = {"whole": [], "out": []}
+    peaks: dict[str, list[int]] = {"whole": [], "out": []}
+    with sdrt.load(model, backend=backend) as sess:
+        sess.run(feeds)
+        tracemalloc.start()
+        for _ in range(repeats):
+            for how, names in (("whole", None), ("out", ["out"])):
+                tracemalloc.reset_peak()
+                t0 = time.perf_counter()
+                res = sess.run(feeds, outputs=names)
+                got[how].append(time.perf_counter() - t0)
+                peaks[how].append(tracemalloc.get_traced_memory()[1])
+                del res
+        tracemalloc.stop()
+    print(json.dumps({"graph": "SDXL-1024 fp16 banks", "backend": backend, "rows": rows, **{
+        how: {"s_median": round(float(np.median(t)), 4), "copied_out_peak_mib": round(max(peaks[how]) / 2**20, 1)}
+        for how, t in got.items()}}))
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -139,8 +186,14 @@ def main() -> None:
     c.add_argument("--size", type=int, default=512)
     c.add_argument("--backend", default="ggml")
     c.add_argument("--repeats", type=int, default=5)
+    y = sub.add_parser("synthetic")
+    y.add_argument("--backend", default="ggml")
+    y.add_argument("--rows", type=int, default=2)
+    y.add_argument("--repeats", type=int, default=5)
     a = ap.parse_args()
-    if a.cmd == "export":
+    if a.cmd == "synthetic":
+        synthetic(a.backend, a.rows, a.repeats)
+    elif a.cmd == "export":
         export(a.out)
     elif a.cmd == "calls":
         calls(a.folder, a.size, a.backend, a.repeats)
