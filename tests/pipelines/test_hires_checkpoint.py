@@ -344,3 +344,36 @@ def test_a_pipeline_run_as_the_hires_checkpoint_is_held_for_the_job() -> None:
         other.join(60)
         assert seen == [False] and done.is_set()
         assert second._owner is None and not second._lock.locked()
+
+
+def test_two_jobs_running_each_others_pipeline_are_refused_not_stuck() -> None:
+    """Job 1 on the first pipeline waits for the second (its hires checkpoint) while job 2 on the second waits for
+    the first: the second to see it is refused in one line naming hires_checkpoint, and the other then runs."""
+    import threading
+    import time
+
+    from sdrt.pipelines import hiresmodel
+
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, pipelines.load(B, backend="reference") as second:
+        started, got = threading.Event(), {}
+
+        def job2() -> None:
+            with second._job("generate()"):
+                started.set()
+                try:
+                    hiresmodel.hold(second, first)
+                    got["job2"] = "held"
+                finally:
+                    hiresmodel.release(second)
+
+        with first._job("generate()"):
+            other = threading.Thread(target=job2)
+            other.start()
+            assert started.wait(10)
+            time.sleep(0.3)  # job 2 now waits for the first pipeline
+            with pytest.raises(InputError, match="each job would wait for the other") as err:
+                hiresmodel.hold(first, second)
+            assert err.value.where == "hires_checkpoint" and "\n" not in str(err.value)
+        other.join(30)
+        assert got == {"job2": "held"} and not first._lock.locked() and not second._lock.locked()
