@@ -14,7 +14,7 @@ from sdrt.cli import main
 def test_info_lists_reference_backend_with_device(registry, capsys):
     assert main(["info"]) == 0
     out = capsys.readouterr().out
-    assert out.startswith("sdrt 0.1.0 (plugin API 1.2)")
+    assert out.startswith("sdrt 0.1.0 (plugin API 1.3)")
     assert "reference  [sdrt-reference" in out and "device reference:CPU" in out
 
 

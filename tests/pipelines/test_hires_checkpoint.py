@@ -299,3 +299,81 @@ def test_the_first_models_embeddings_work_on_the_second() -> None:
         second.add_embedding(emb)  # the second model with the embedding, as the caller would load it
         want = first.generate("a tinyemb cat", case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
         assert np.array_equal(got.images[0], want.images[0])
+
+
+def test_the_memory_plan_counts_the_second_model_in_the_hires_pass() -> None:
+    """The plan's hires pass holds the second model's parts beside the first model's resident ones; when both do not
+    fit (a tight budget), beside the process alone, as the first model's parts go before the second's load."""
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, pipelines.load(B, backend="reference") as second:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        hm = plan.hires_memory
+        assert hm is not None and plan.hires_first_released is False
+        assert {p.part for p in hm.parts} >= {"text_encoder", "unet", "vae_decoder"}
+        resident = sum(p.weight_bytes * plan.memory.footprint for p in plan.memory.parts if p.placement == "resident")
+        assert hm.base_bytes == int(plan.memory.base_bytes + resident)
+        assert hm.peak_bytes > plan.memory.peak_bytes  # both models' parts at once
+        text = plan.format()
+        assert "hires checkpoint memory: budget" in text and "stay loaded beside it in the hires pass" in text
+    with pipelines.load(A, backend="reference", memory="4MB") as first:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        assert plan.hires_first_released is True and plan.hires_memory.base_bytes == plan.memory.base_bytes
+        assert "released before the hires pass loads this one" in plan.format()
+
+
+def test_a_pipeline_run_as_the_hires_checkpoint_is_held_for_the_job() -> None:
+    """A loaded pipeline passed as hires_checkpoint is locked for the job, as the first one is: another thread's
+    job on it waits until the job ends (it would otherwise rebind its LoRAs or run its parts in the middle)."""
+    import threading
+
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, pipelines.load(B, backend="reference") as second:
+        done = threading.Event()
+        seen: list[bool] = []
+        other = threading.Thread(target=lambda: (second.generate("a dog", steps=1, width=32, height=32), done.set()))
+
+        def callback(step: int, total: int, latents: np.ndarray) -> None:
+            if step == 1:
+                other.start()
+                seen.append(done.wait(3.0))  # the other thread's job on the hires checkpoint: waiting
+
+        first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, callback=callback,
+                       **_kwargs(case))
+        other.join(60)
+        assert seen == [False] and done.is_set()
+        assert second._owner is None and not second._lock.locked()
+
+
+def test_two_jobs_running_each_others_pipeline_are_refused_not_stuck() -> None:
+    """Job 1 on the first pipeline waits for the second (its hires checkpoint) while job 2 on the second waits for
+    the first: the second to see it is refused in one line naming hires_checkpoint, and the other then runs."""
+    import threading
+    import time
+
+    from sdrt.pipelines import hiresmodel
+
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, pipelines.load(B, backend="reference") as second:
+        started, got = threading.Event(), {}
+
+        def job2() -> None:
+            with second._job("generate()"):
+                started.set()
+                try:
+                    hiresmodel.hold(second, first)
+                    got["job2"] = "held"
+                finally:
+                    hiresmodel.release(second)
+
+        with first._job("generate()"):
+            other = threading.Thread(target=job2)
+            other.start()
+            assert started.wait(10)
+            time.sleep(0.3)  # job 2 now waits for the first pipeline
+            with pytest.raises(InputError, match="each job would wait for the other") as err:
+                hiresmodel.hold(first, second)
+            assert err.value.where == "hires_checkpoint" and "\n" not in str(err.value)
+        other.join(30)
+        assert got == {"job2": "held"} and not first._lock.locked() and not second._lock.locked()

@@ -144,6 +144,49 @@ def test_streamed_groups_equal_the_whole_graph(backend, folder, share):
         np.testing.assert_array_equal(again[name], out[name])
 
 
+def test_a_streamed_session_returns_the_outputs_asked_for(monkeypatch):
+    """``StreamedSession.run(feeds, outputs=)`` as ``Session.run``'s: a reference unit's read call on a streamed
+    UNet asks for ``out_sample`` alone; its groups copy out only what a later group reads or the caller wants."""
+    import onnx
+
+    from sdrt.checkpoint.refattention import reference_graph
+
+    register("reference")
+    from sdrt_reference.backend import ReferenceSession
+
+    asked: list[list[str]] = []
+    some = ReferenceSession._run_outputs
+
+    def run_outputs(self, feeds, names):
+        asked.append(list(names))
+        return some(self, feeds, names)
+
+    monkeypatch.setattr(ReferenceSession, "_run_outputs", run_outputs)
+    g, feeds = _pinned("tiny-sd15")
+    model = onnx.ModelProto()
+    model.CopyFrom(g.model)
+    ref = g.derive(reference_graph(model, lambda w: 2, "unet"))
+    rng = np.random.default_rng(1)
+    for i in ref.inputs:
+        if i.name not in feeds:
+            feeds[i.name] = rng.standard_normal([d if isinstance(d, int) else 4 for d in i.shape]).astype(np.float32)
+    ref = ref.with_shapes({k: v.shape for k, v in feeds.items()})
+    whole = sdrt.load(ref, backend="reference").run(feeds)
+    banks = [n for n in whole if n.startswith("ref_bank_")]
+    assert banks
+    sess = StreamedSession(ref, None, groups=3, backend="reference")
+    assert len(sess.groups) >= 2
+    asked.clear()
+    got = sess.run(feeds, outputs=["out_sample"])
+    assert list(got) == ["out_sample"]
+    # each group named what it hands on; no group copied out a bank, which nothing reads
+    assert len(asked) == len(sess.groups) and not any(n.startswith("ref_bank_") for a in asked for n in a), asked
+    np.testing.assert_allclose(got["out_sample"], whole["out_sample"], rtol=1e-5, atol=1e-5)
+    got = sess.run(feeds, outputs=banks[:1])
+    np.testing.assert_allclose(got[banks[0]], whole[banks[0]], rtol=1e-5, atol=1e-5)
+    sess.close()
+
+
 # ---------------------------------------------------------------------------- the pipeline under a budget
 def _tiny_budget(pipe) -> int:
     """A budget (the process's own memory not counted) that streams the denoiser in at least three groups."""

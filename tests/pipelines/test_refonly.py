@@ -230,3 +230,39 @@ def test_a_windowed_reference_unit_compiles_the_unet_once():
         generate(pipe, case, controlnets=units(case) + [ControlNet(None, REFS["picture1"], 0.8, 0.0, 1.0,
                                                                    "reference_adain", window="a1111")])
         assert len(pipe.unet.sessions) == 1, list(pipe.unet.sessions)
+
+
+def test_the_read_calls_copy_no_bank_out(monkeypatch):
+    """Only the write pass asks the edited UNet for its banks and statistics; the read calls (the steps themselves)
+    get ``out_sample`` alone, so the session copies none of the hundreds of MiB of banks out (``Session.run``'s
+    ``outputs=``; docs/toolbox.md)."""
+    register("reference")
+    from sdrt.checkpoint.refattention import written
+    from sdrt_reference.backend import ReferenceSession
+
+    asked: list[tuple[str, ...] | None] = []
+    whole, some = ReferenceSession._run, ReferenceSession._run_outputs
+
+    def run(self, feeds):
+        if any(n.startswith("ref_") for n in feeds):
+            asked.append(None)
+        return whole(self, feeds)
+
+    def run_outputs(self, feeds, names):
+        if any(n.startswith("ref_") for n in feeds):
+            asked.append(tuple(names))
+        return some(self, feeds, names)
+
+    monkeypatch.setattr(ReferenceSession, "_run", run)
+    monkeypatch.setattr(ReferenceSession, "_run_outputs", run_outputs)
+    case = next(c for c in CASES if c["name"] == "window-a1111")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        got = generate(pipe, case, controlnets=units(case) + [ControlNet(None, REFS["picture1"], 0.8, 0.0, 1.0,
+                                                                         "reference_adain", window="a1111")])
+    assert got.images and asked and None not in asked, asked  # every UNet call named what it wants
+    reads = [a for a in asked if a == ("out_sample",)]
+    writes = [a for a in asked if a != ("out_sample",)]
+    assert len(reads) == 2 * case["steps"] or len(reads) == case["steps"], len(reads)  # one a step (batched CFG)
+    assert writes and all(a and all(written(n) for n in a) for a in writes), writes
+    assert any(n.startswith("ref_bank_") for a in writes for n in a)
+    assert any(n.startswith("ref_gn_") for a in writes for n in a)

@@ -59,7 +59,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: compile cache's ``_cache_parts``/``_save``/``_load``); a 1.0 plugin that overrides ``compile`` still runs.
 #: 1.2: ``sdrt.errors.OptionError`` and ``check_known_options`` (a backend's unknown options as ``UnknownOptions``,
 #: names attached), and ``Backend.memory_in_use`` (optional: a device's own memory in use).
-API_VERSION: tuple[int, int] = (1, 2)
+#: 1.3: ``Session.run(feeds, outputs=[...])`` returns only the outputs named, and ``Session._run_outputs`` (optional)
+#: leaves the others uncopied; a session without it runs ``_run`` and drops them.
+API_VERSION: tuple[int, int] = (1, 3)
 
 
 @dataclass(frozen=True)
@@ -124,12 +126,19 @@ class Session(ABC):
             raise SdrtError("this session is closed", where=f"{type(self).__name__}.{where}",
                             fix="compile the graph again with sdrt.load")
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Run once. ``feeds`` maps every input name to an array of the declared dtype and shape."""
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run once. ``feeds`` maps every input name to an array of the declared dtype and shape.
+
+        ``outputs``: the names of the outputs to return, in that order (onnxruntime's ``output_names``); None: all
+        of them. The graph runs whole either way; a backend whose session writes ``_run_outputs`` leaves the others
+        uncopied (a reference unit's read call skips the hundreds of MiB of banks its write pass needs)."""
         self._check_open("run")
         arrays = check_feeds(self.inputs, feeds)
+        names = None if outputs is None else check_outputs(self.outputs, outputs)
         self.check_files()
-        return self._run(arrays)
+        if names is None:
+            return self._run(arrays)
+        return self._run_outputs(arrays, names)
 
     def watch_weights(self, arrays: Mapping[str, Any]) -> None:
         """Note the file versions the mapped arrays among ``arrays`` (initializer name -> array, as compiled or
@@ -161,6 +170,12 @@ class Session(ABC):
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         """Run the compiled graph on feeds that ``run`` has already checked."""
         raise NotImplementedError(f"{type(self).__name__} must implement _run")
+
+    def _run_outputs(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """Run on checked feeds and return only ``names`` (declared outputs, checked, in that order). Override to
+        leave the other outputs uncopied; by default ``_run`` makes them all and the others are dropped."""
+        got = self._run(feeds)
+        return {name: got[name] for name in names}
 
     def update_weights(self, weights: Weights) -> None:
         """Rebind the graph's initializers to new weights without re-parsing the graph.
@@ -474,6 +489,21 @@ class Backend(ABC):
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}
 
 
+def check_outputs(outputs: Sequence[TensorInfo], names: Any) -> list[str]:
+    """``names`` (``Session.run``'s ``outputs=``) checked against the declared ``outputs``, duplicates dropped.
+
+    Raises ``InputError`` naming the unknown names and the graph's outputs."""
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
+        raise InputError(f"outputs must be a list of output names, got {type(names).__name__}", where="Session.run",
+                         fix="pass outputs=['out_sample'], or leave it out for all of them")
+    declared = {o.name for o in outputs}
+    unknown = [n for n in names if n not in declared]
+    if unknown:
+        raise InputError("unknown output name(s): " + ", ".join(repr(n) for n in unknown), where="Session.run outputs",
+                         fix="the graph's outputs are: " + ", ".join(o.name for o in outputs))
+    return list(dict.fromkeys(names))
+
+
 def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
     """Check ``feeds`` against the declared ``inputs``; return them as numpy arrays.
 
@@ -527,4 +557,4 @@ def check_feeds(inputs: Sequence[TensorInfo], feeds: Mapping[str, Any]) -> dict[
 
 
 __all__ = ["API_VERSION", "NON_TENSOR", "Backend", "Device", "Dim", "Session", "TensorInfo",
-           "check_api_version", "check_feeds"]
+           "check_api_version", "check_feeds", "check_outputs"]

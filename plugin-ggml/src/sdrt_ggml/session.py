@@ -222,6 +222,11 @@ class GgmlSession(Session):
 
     # -- running -------------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run_outputs(feeds, [info.name for info in self.outputs])
+
+    def _run_outputs(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """Compute, then copy out only the outputs ``names`` (``Session.run(outputs=)``): the others stay in the
+        graph's buffers, never fetched nor converted to their dtype."""
         g = ggml_lib()
         assert self._lo is not None
         host = self._host_values(feeds)
@@ -237,7 +242,8 @@ class GgmlSession(Session):
             g.ggml_backend_tensor_set(t.ptr, arr.ctypes.data, 0, arr.nbytes)
         self._compute()
         out: dict[str, np.ndarray] = {}
-        for info in self.outputs:
+        declared = {info.name: info for info in self.outputs}
+        for info in (declared[name] for name in names):
             v = self._lo.outputs[info.name]
             if isinstance(v, np.ndarray):
                 arr = np.array(v)

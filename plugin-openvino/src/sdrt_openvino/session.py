@@ -176,18 +176,25 @@ class OpenVINOSession(Session):
 
     # -- running -------------------------------------------------------
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run_outputs(feeds, None)
+
+    def _run_outputs(self, feeds: dict[str, np.ndarray], names: list[str] | None) -> dict[str, np.ndarray]:
+        """The outputs ``names`` (None: all). OpenVINO computes every output into the buffers bound to it: the
+        others' are fresh ones dropped after the call (a buffer kept for them would hold their bytes between calls
+        too), and the others of a dynamic shape are not copied out."""
         with self._lock:
             if self._request is None:
                 raise SdrtError("this session is closed", where="OpenVINOSession",
                                 fix="compile the graph again with sdrt.load")
             request = self._request
             try:
-                return self._infer(request, feeds)
+                return self._infer(request, feeds, names)
             except RuntimeError as exc:
                 raise self._run_error(exc, feeds) from exc
 
-    def _infer(self, request: Any, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        """Bind inputs and outputs to the request, run it, collect the outputs."""
+    def _infer(self, request: Any, feeds: dict[str, np.ndarray], names: list[str] | None = None
+               ) -> dict[str, np.ndarray]:
+        """Bind inputs and outputs to the request, run it, collect the outputs (``names``: only those)."""
         tensor = self._tensor
         copies = []  # OpenVINO shares these arrays' memory: they must outlive infer()
         for index, name in self._in_ports:
@@ -208,6 +215,8 @@ class OpenVINOSession(Session):
         request.infer()
         del copies
         for index, name in self._dynamic_out:
+            if names is not None and name not in names:
+                continue
             out_tensor = request.get_output_tensor(index)
             if out_tensor.element_type in self._raw_out:
                 bits = np.uint16 if out_tensor.element_type.bitwidth == 16 else np.uint8
@@ -217,6 +226,8 @@ class OpenVINOSession(Session):
             value = out_tensor.data.copy()
             want = self._out_dtypes[name]
             results[name] = value if value.dtype.name == want or want == "undefined" else value.astype(want)
+        if names is not None:
+            return {name: results[name] for name in names}
         return results if len(results) == 1 else {name: results[name] for name in self._out_order}
 
     def _run_error(self, exc: RuntimeError, feeds: Mapping[str, np.ndarray]) -> SdrtError:

@@ -55,6 +55,15 @@ def names(k: int) -> tuple[str, str, str]:
     return f"ref_bank_{k}", f"ref_bank_in_{k}", f"ref_mix_{k}"
 
 
+_WRITTEN = re.compile(r"ref_bank_\d+$|ref_gn_(mean|var)_\d+$")
+
+
+def written(name: str) -> bool:
+    """Whether ``name`` is an output the write pass reads (a layer's bank, a block's mean or variance): the read
+    pass leaves them uncopied (``Part.hidden_outputs``)."""
+    return _WRITTEN.match(name) is not None
+
+
 def reference_graph(model: Any, heads: Callable[[int], int], where: str) -> Any:
     """``model`` (an ``onnx.ModelProto`` of a UNet) with reference attention in every self-attention layer, in
     place; ``heads(width)``: the layer's heads where the graph does not say them. Raises ``ModelError`` when the

@@ -47,10 +47,60 @@ class _Parser(argparse.ArgumentParser):
             return value
         return super()._get_values(action, arg_strings)
 
+    def parse_known_args(self, args: Any = None, namespace: Any = None) -> Any:  # type: ignore[override]
+        """argparse's, after ``bare_values``: a flag whose value may be left out takes the next word only when that
+        word is one of its values (``--control-pixel-perfect "a cat"`` leaves the prompt a prompt)."""
+        if args is None:
+            args = sys.argv[1:]
+        self.bare_after: dict[str, str] = {}  # {the word after a bare flag: the flag}, for an error about the word
+        return super().parse_known_args(bare_values(self, list(args), self.bare_after), namespace)
+
     def _parse_optional(self, arg_string: str) -> Any:
         if NEGATIVE_NUMBER.match(arg_string) and arg_string not in self._option_string_actions:
             return None
         return super()._parse_optional(arg_string)
+
+
+class OptionalValue(argparse._AppendAction):
+    """A repeatable flag whose value may be left out: ``--flag`` alone is ``--flag=CONST``, and the next word is its
+    value only when it is one of ``choices`` (any case). argparse's ``nargs="?"`` took any next word, so a flag left
+    bare before the prompt swallowed the prompt ("invalid choice: 'a cat'"). Values are checked and lowercased by
+    ``type`` (one line naming the flag and its values); ``bare_values`` rewrites the bare flags before parsing."""
+
+    def __init__(self, option_strings: list[str], dest: str, *, const: str, choices: tuple[str, ...],
+                 **kwargs: Any) -> None:
+        def value(text: str) -> str:
+            if text.lower() not in choices:
+                raise argparse.ArgumentTypeError(f"takes {' or '.join(choices)} (or nothing: {const}), got {text!r}")
+            return text.lower()
+
+        kwargs.setdefault("metavar", f"[{'|'.join(choices)}]")
+        super().__init__(option_strings, dest, type=value, **kwargs)
+        self.bare, self.values = const, choices
+
+
+def bare_values(parser: argparse.ArgumentParser, args: list[str], after: dict[str, str] | None = None) -> list[str]:
+    """``args`` with each bare ``OptionalValue`` flag of ``parser`` (or an abbreviation argparse would take for it)
+    written ``--flag=CONST`` when the next word is not one of its values; nothing after ``--`` changes. ``after``
+    gets ``{next word: flag}`` of those (a word argparse then finds no place for was maybe meant as the value)."""
+    known = parser._option_string_actions
+    if not any(isinstance(a, OptionalValue) for a in known.values()):
+        return args
+    out = list(args)
+    for k, word in enumerate(args):
+        if word == "--":
+            break
+        if not word.startswith("--") or "=" in word:
+            continue
+        action = known.get(word)
+        if action is None and parser.allow_abbrev:
+            found = {known[o] for o in known if o.startswith(word)}
+            action = found.pop() if len(found) == 1 else None
+        if isinstance(action, OptionalValue) and (k + 1 >= len(args) or args[k + 1].lower() not in action.values):
+            out[k] = f"{word}={action.bare}"
+            if after is not None and k + 1 < len(args):
+                after.setdefault(args[k + 1], max(action.option_strings, key=len))
+    return out
 
 
 #: ``{@@name}`` (sdrt.errors) on the command line: how a file of that kind is passed, for every command (generate
@@ -126,7 +176,10 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # refused by the command's own parser: "Where: sdrt plan", not the top-level "sdrt"
         sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers and \
             getattr(args, "command", None) else None
-        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}")
+        hint = next(((w, f) for w in extra for f in [getattr(sub, "bare_after", {}).get(w)] if f), None)
+        (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}" + (
+            f" ({hint[1]} takes on or off, or nothing for on: {hint[0]!r} is neither, and no other argument is left "
+            "to take it)" if hint else ""))
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)

@@ -24,6 +24,7 @@ from typing import Any
 from ..errors import InputError
 from ..pipelines.preprocessors import NAMES as PREPROCESSORS
 from ..pipelines.preprocessors import WITH_MODELS
+from . import OptionalValue
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -81,8 +82,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the resolution a preprocessor that reads one runs at (sd-webui-controlnet's Preprocessor "
                         "Resolution: the image's shorter side scaled to N pixels, 1 to 8192; default 512 (softedge_anyline 1280), the "
                         "extension's and sdrt serve's; none: the image's own size, as the Python API's default)")
-    g.add_argument("--control-pixel-perfect", action="append", default=[], nargs="?", const="on",
-                   choices=("on", "off"),
+    # its value is taken only when the next word is on or off: a bare flag before the prompt leaves it the prompt
+    g.add_argument("--control-pixel-perfect", action=OptionalValue, default=[], const="on", choices=("on", "off"),
                    help="run the preprocessor at the extension's pixel-perfect resolution instead: the image's "
                         "shorter side once scaled to cover the output (to fit in it for Resize and Fill); alone it is "
                         "on for every ControlNet, or on/off once per --control-image; a pixel-perfect unit does not "

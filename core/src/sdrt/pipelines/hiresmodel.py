@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -156,7 +157,9 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         twin = pipe.__dict__.get("_hires_dry")
         if twin is None or twin.folder is not other.folder:
             twin = pipe._hires_dry = dry_twin(other)
+        twin._hires_real = other  # the memory plan asks whether both models fit (tight)
         return twin
+    hold(pipe, other)  # no other thread runs it (or rebinds its LoRAs) until this job ends
     from ..text.loras import has_lora_tag
 
     _share_embeddings(pipe, other)
@@ -165,6 +168,45 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
             other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
+
+
+#: {thread id: the pipeline whose lock it waits for in ``hold``}: two jobs that each hold the other's model
+_WAITING: dict[int, Any] = {}
+_WAITING_LOCK = threading.Lock()
+
+
+def hold(pipe: Pipeline, other: Pipeline) -> None:
+    """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint) for this job, as ``pipe``'s own lock holds
+    ``pipe``: a job of another thread on it waits until this job ends (``release``), and this job waits for one
+    running on it. Two jobs that each run the other's pipeline as their hires checkpoint would wait for each other
+    forever: the second to see it is refused in one line."""
+    me = threading.get_ident()
+    if other._owner == me or pipe.__dict__.get("_hires_held") is other:
+        return
+    try:
+        while not other._lock.acquire(timeout=0.05):
+            with _WAITING_LOCK:
+                owner = other._owner
+                if owner is not None and _WAITING.get(owner) is pipe:
+                    raise InputError(f"the hires checkpoint ({other.folder.name}) is running a job of another thread "
+                                     "that uses this pipeline as its own hires checkpoint: each job would wait for "
+                                     "the other", where="hires_checkpoint",
+                                     fix="run the two jobs one after the other, or pass the model's path as "
+                                         "{@hires_checkpoint} (a pipeline of its own is then loaded)")
+                _WAITING[me] = other
+    finally:
+        with _WAITING_LOCK:
+            _WAITING.pop(me, None)
+    other._owner = me
+    pipe._hires_held = other
+
+
+def release(pipe: Pipeline) -> None:
+    """The job is over: the hires checkpoint ``hold`` locked is free for other threads again."""
+    other = pipe.__dict__.pop("_hires_held", None)
+    if other is not None:
+        other._owner = None
+        other._lock.release()
 
 
 def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:

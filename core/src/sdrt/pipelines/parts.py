@@ -68,6 +68,10 @@ class Part:
         #: ``sdrt.pipelines.fluxcontrolnet``), and what it is (sessions compiled for another edit are closed)
         self.graph_edit: Callable[[Graph], Graph] | None = None
         self.graph_edit_key: Any = None
+        #: outputs the edit adds that an ordinary ``run`` does not return (a reference unit's banks: only its write
+        #: pass asks for them, by ``run(select=)``): the session computes them and copies none out
+        #: (``Session.run(outputs=)``); None: every output is returned
+        self.hidden_outputs: Callable[[str], bool] | None = None
         #: the graph the bound weights were made for, once ``retarget`` moved the part to another (None: not moved)
         self._weights_graph: Path | None = None
         #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
@@ -78,6 +82,7 @@ class Part:
         twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
         twin._graph, twin.lazy_external, twin.record = self._graph, True, []
         twin.graph_edit, twin.graph_edit_key = self.graph_edit, self.graph_edit_key
+        twin.hidden_outputs = self.hidden_outputs
         twin.default_weights = self.default_weights
         return twin
 
@@ -99,14 +104,18 @@ class Part:
                 self._graph = self.graph_edit(self._graph)
         return self._graph
 
-    def edit_graph(self, edit: Callable[[Graph], Graph] | None, key: Any = None) -> None:
+    def edit_graph(self, edit: Callable[[Graph], Graph] | None, key: Any = None,
+                   hidden: Callable[[str], bool] | None = None) -> None:
         """Run the graph as ``edit`` makes it from the file's (None: as the file has it) from now on; ``key``
-        names the edit, so that asking for the same one again keeps the compiled sessions."""
+        names the edit, so that asking for the same one again keeps the compiled sessions. ``hidden``: which of
+        the edited graph's outputs an ordinary ``run`` leaves out (``hidden_outputs``)."""
         if edit is None and self.graph_edit is None or edit is not None and key == self.graph_edit_key:
+            self.hidden_outputs = hidden if edit is not None else None
             return
         self.close()
         self._graph = None
         self.graph_edit, self.graph_edit_key = edit, (key if edit is not None else None)
+        self.hidden_outputs = hidden if edit is not None else None
 
     @property
     def inputs(self) -> dict[str, TensorInfo]:
@@ -201,8 +210,13 @@ class Part:
         model.graph.output.extend(kept)
         return derive(model) if derive is not None else Graph(model, graph.path, base_dir=graph.base_dir)
 
-    def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = ()) -> dict[str, np.ndarray]:
-        """Run with feeds cast to the graph's dtypes; the session for their shapes is compiled once."""
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = (),
+            select: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """Run with feeds cast to the graph's dtypes; the session for their shapes is compiled once.
+
+        ``outputs``: a graph cut to these outputs (compiled apart: a text encoder's one hidden state). ``select``:
+        these outputs of the whole graph's session, the others computed but not copied out (``Session.run``'s
+        ``outputs=``); None: all but the ``hidden_outputs``."""
         inputs = self.inputs
         cast = {}
         for name, value in feeds.items():
@@ -211,11 +225,15 @@ class Part:
                 raise ModelError(f"the {self.name} graph has no input {name!r}", where=str(self.path),
                                  fix=f"export it with the diffusers/Optimum names (it has: {', '.join(inputs)})")
             cast[name] = np.asarray(value, dtype=np.dtype(info.dtype), order="C")  # keeps 0-d arrays 0-d
+        if select is None and not outputs and self.hidden_outputs is not None:
+            select = tuple(name for name in self.outputs if not self.hidden_outputs(name))
         if self.record is not None:
-            return self._dry_run(cast, outputs)
-        return self.session({k: v.shape for k, v in cast.items()}, outputs).run(cast)
+            return self._dry_run(cast, outputs, select)
+        session = self.session({k: v.shape for k, v in cast.items()}, outputs)
+        return session.run(cast) if select is None else session.run(cast, outputs=select)
 
-    def _dry_run(self, cast: dict[str, np.ndarray], outputs: tuple[str, ...]) -> dict[str, np.ndarray]:
+    def _dry_run(self, cast: dict[str, np.ndarray], outputs: tuple[str, ...],
+                 select: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         """Record the call; zeros in the shapes the graph infers for these inputs (nothing compiles or runs)."""
         assert self.record is not None
         if not self.record:
@@ -228,7 +246,7 @@ class Part:
             cache[key] = {t.name: t for t in self.graph.with_shapes(dims).outputs}
         out = {}
         for name, info in cache[key].items():
-            if outputs and name not in outputs:
+            if outputs and name not in outputs or select is not None and name not in select:
                 continue
             shape = tuple(int(d) if isinstance(d, int) else 1 for d in info.shape)
             out[name] = np.zeros(shape, dtype=np.dtype(info.dtype))

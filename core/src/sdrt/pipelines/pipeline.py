@@ -586,6 +586,9 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 gen.memory = self._measured()  # the plan, with the measured peak of each stage
                 return gen
             finally:
+                from .hiresmodel import release
+
+                release(self)  # a loaded pipeline run as the hires checkpoint: free for other threads again
                 self._references = None  # the job's encoded reference images
                 self._init_source = self._init_sized = self._init_side = None  # the job's init image at its own size
                 self._paste = None  # the job's only-masked paste (sdrt.pipelines.onlymasked)
@@ -1379,6 +1382,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             memory = self.memory_plan(base=memory.base_bytes, calls=calls_of(rp), extras=rp._extras, twins=rp._twins,
                                       beside=rp._beside)
             rp.refiner_memory = self._refiner_memory(rp, memory)
+            rp.hires_memory, rp.hires_first_released = self._hires_memory(rp, memory)
         rp.memory = memory  # each part's placement under the budget, the predicted peak
         return rp
 
@@ -1395,6 +1399,26 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         held = sum(p.weight_bytes * memory.footprints.get(p.part, memory.footprint)
                    for p in memory.parts if p.placement == "resident" and not p.device)
         return ref._make_memory_plan(int(memory.base_bytes + held), calls)
+
+    def _hires_memory(self, rp: Any, memory: Any) -> tuple[Any, bool | None]:
+        """The hires checkpoint's parts' placement in its pass, and whether the first model's parts are released
+        before it loads ((None, None) without a hires checkpoint): planned on a base of the process and this model's
+        resident parts, which stay loaded beside it, unless the two models do not both fit (``hiresmodel.tight``:
+        low-memory mode, or their files over the budget), when the first model's parts go first, as A1111 unloads
+        one checkpoint to load the other."""
+        from .budget import calls_of
+        from .hiresmodel import tight
+        from .plan import HIRES_PREFIX
+
+        twin = getattr(rp, "_hires", None)
+        calls = {k.removeprefix(HIRES_PREFIX): v for k, v in calls_of(rp).items() if k.startswith(HIRES_PREFIX)}
+        if twin is None or not calls:
+            return None, None
+        real = twin.__dict__.get("_hires_real", twin)
+        first_goes = tight(self, real)
+        held = 0 if first_goes else sum(p.weight_bytes * memory.footprints.get(p.part, memory.footprint)
+                                        for p in memory.parts if p.placement == "resident" and not p.device)
+        return twin._make_memory_plan(int(memory.base_bytes + held), calls), first_goes
 
     def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> Any:
         """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only

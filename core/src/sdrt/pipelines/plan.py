@@ -73,6 +73,10 @@ class RunPlan:
     memory: Any = None
     #: with a refiner: its parts' placement, planned beside the base's resident parts (both models stay loaded)
     refiner_memory: Any = None
+    #: with a hires checkpoint: its parts' placement in the hires pass, planned beside the first model's resident
+    #: parts, or on the process alone when those are released before it loads (``hires_first_released``)
+    hires_memory: Any = None
+    hires_first_released: bool | None = None
 
     def part(self, name: str) -> PartPlan | None:
         return next((p for p in self.parts if p.part == name), None)
@@ -98,6 +102,12 @@ class RunPlan:
                 lines.append(f"    {n} x ({shapes})")
         if self.memory is not None:
             lines.append(self.memory.format())
+        if self.hires_memory is not None:
+            lines.append("hires checkpoint " + self.hires_memory.format() + (
+                "\n  (its base: the process alone: the two models do not both fit, so the first model's parts are "
+                "released before the hires pass loads this one)" if self.hires_first_released else
+                "\n  (its base: the process and the first model's resident parts, which stay loaded beside it in the "
+                "hires pass)"))
         if self.refiner_memory is not None:
             lines.append("refiner " + self.refiner_memory.format() + "\n  (its base: the process and the model's "
                          "resident parts, which stay loaded beside the refiner's)")
@@ -186,6 +196,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                  s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
+    rp._hires = hires  # type: ignore[attr-defined]  # the job's hires checkpoint's twin (its memory plan)
     rp._extras = extra_parts(pipe, dry, s)  # type: ignore[attr-defined]  # what the memory plan counts besides
     rp._beside = held_beside(pipe, dry, s, rp._extras)  # type: ignore[attr-defined]  # what runs beside what
     # the model's parts as the run edits their graphs (IP attention, ControlNet residual inputs): for activations

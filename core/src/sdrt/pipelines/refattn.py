@@ -106,6 +106,8 @@ def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: boo
             model = adain_graph(model, where)
         return graph.derive(model)
 
+    from ..checkpoint.refattention import written
+
     keys = []
     if adapters:
         keys.append("ip_adapter" if adapters == 1 else f"ip_adapter*{adapters}")
@@ -113,7 +115,9 @@ def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: boo
         keys.append("reference_only")
     if adain:
         keys.append("reference_adain")
-    part.edit_graph(edit, "+".join(keys))
+    # an ordinary call (the read pass) returns the UNet's own outputs only: the banks and statistics (about 200 MiB
+    # a row on SDXL at 1024 in float16) are the write pass's, which asks for them (hook: Part.run(select=))
+    part.edit_graph(edit, "+".join(keys), hidden=written)
 
 
 class Layers:
@@ -225,19 +229,20 @@ def hook(pipe: Any, units: Sequence[ControlNet], part: Part, state: ControlState
             for name in residuals:
                 if name in write:
                     write[name] = np.zeros_like(write[name])
-            out = part.run(write)
+            attn = [k for k in layers.widths if unit.preprocessor in ATTN and unit.scale > layers.threshold[k]]
+            adain = [i for i in layers.blocks if unit.preprocessor in ADAIN and unit.scale > layers.gn_threshold[i]]
+            want = tuple(names(k)[0] for k in attn) + tuple(x for i in adain for x in gn_names(i)[:2])
+            if not want:  # a weight that passes no layer's threshold writes nothing: no write pass to run
+                continue
+            out = part.run(write, select=want)  # the banks it writes, nothing else copied out
             sf = fidelity(unit, family, hires)
-            if unit.preprocessor in ATTN:
-                for k in layers.widths:
-                    if unit.scale > layers.threshold[k]:
-                        banks[k].append(np.asarray(out[names(k)[0]]))
-                        fids[k].append(sf)
-            if unit.preprocessor in ADAIN:
-                for i in layers.blocks:
-                    if unit.scale > layers.gn_threshold[i]:
-                        mean_out, var_out = gn_names(i)[:2]
-                        stats[i].append((np.asarray(out[mean_out]), np.asarray(out[var_out])))
-                        gn_fids[i].append(sf)
+            for k in attn:
+                banks[k].append(np.asarray(out[names(k)[0]]))
+                fids[k].append(sf)
+            for i in adain:
+                mean_out, var_out = gn_names(i)[:2]
+                stats[i].append((np.asarray(out[mean_out]), np.asarray(out[var_out])))
+                gn_fids[i].append(sf)
         got = dict(base)
         for k in layers.widths:
             if banks[k]:

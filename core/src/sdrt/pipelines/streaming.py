@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any
 
@@ -421,10 +421,14 @@ class StreamedSession:
         """Bytes read ahead so far (``prefetch``)."""
         return self._prefetcher.bytes
 
-    def run(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    def run(self, feeds: Mapping[str, np.ndarray], outputs: Sequence[str] | None = None) -> dict[str, np.ndarray]:
+        """Run the groups in turn; ``outputs``: return only these (``Session.run``'s), whose groups then copy out
+        only what a later group reads or the caller wants."""
+        from ..backend import check_outputs
         from ..runtime import load
         from .lowmem import give_back
 
+        wanted = [o.name for o in self.outputs] if outputs is None else check_outputs(self.outputs, outputs)
         env: dict[str, np.ndarray] = dict(feeds)
         n = len(self.groups)
         if self.prefetch and n > 1:
@@ -459,8 +463,11 @@ class StreamedSession:
             else:
                 sess = load(g, weights=sub, backend=self.backend, device=self.device, **self.options)
             t1 = time.perf_counter()
+            needed = [names.get(x, x) for x in group.outputs
+                      if x in wanted or any(x in later.inputs for later in self.groups[k + 1:])]
             try:
-                out = sess.run({names.get(x, x): env[x] for x in group.inputs})
+                out = sess.run({names.get(x, x): env[x] for x in group.inputs},
+                               outputs=None if outputs is None else needed)
             finally:
                 if not self.share:
                     sess.close()
@@ -472,11 +479,11 @@ class StreamedSession:
             del sess, out, g
             for x in list(env):  # drop what no later group reads
                 if x not in feeds and all(x not in later.inputs for later in self.groups[k + 1:]) \
-                        and x not in {o.name for o in self.outputs}:
+                        and x not in wanted:
                     del env[x]
             if not self.share:
                 give_back()
-        return {o.name: env[o.name] for o in self.outputs}
+        return {name: env[name] for name in wanted}
 
     def update_weights(self, weights: Weights) -> None:
         """New weights for the later calls (each group binds its share when it loads)."""

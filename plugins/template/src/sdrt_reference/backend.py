@@ -30,8 +30,12 @@ class ReferenceSession(Session):
         self._where = graph.name
 
     def _run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._run_outputs(feeds, self._output_names)
+
+    def _run_outputs(self, feeds: dict[str, np.ndarray], names: list[str]) -> dict[str, np.ndarray]:
+        """The outputs ``names`` only (``Session.run(outputs=)``): the evaluator hands back just those."""
         try:
-            results = self._evaluator.run(self._output_names, feeds)
+            results = self._evaluator.run(names, feeds)
         except SdrtError:
             raise
         except Exception as exc:
@@ -39,7 +43,7 @@ class ReferenceSession(Session):
                             fix="check the inputs; run onnx.checker.check_model on the graph") from exc
         # tensors come back as arrays; sequence and optional outputs stay as the evaluator made them
         return {name: value if value is None or isinstance(value, list) else np.asarray(value)
-                for name, value in zip(self._output_names, results)}
+                for name, value in zip(names, results)}
 
     def _update_weights(self, arrays: dict[str, np.ndarray]) -> None:
         """Swap initializer values in the built evaluator; the graph is not parsed again."""

@@ -1,0 +1,59 @@
+"""A flag whose value may be left out (``--control-pixel-perfect [on|off]``) takes the next word only when it is one of
+its values: left bare before the prompt it is on, and the prompt stays the prompt (argparse's ``nargs="?"`` took the
+prompt as its value: "invalid choice: 'a cat'")."""
+
+from __future__ import annotations
+
+import pytest
+
+from sdrt.cli import build_parser, main
+
+
+@pytest.fixture(scope="module")
+def parser():
+    return build_parser()
+
+
+@pytest.mark.parametrize("argv, prompt, values", [
+    (["--control-image", "c.png", "--control-pixel-perfect", "a cat"], ["a cat"], ["on"]),
+    (["--control-image", "c.png", "--control-pixel-perfect", "model", "a cat"], ["model", "a cat"], ["on"]),
+    (["--control-pixel-perfect", "off", "a cat"], ["a cat"], ["off"]),
+    (["--control-pixel-perfect", "ON", "--control-pixel-perfect", "Off", "a cat"], ["a cat"], ["on", "off"]),
+    (["--control-pixel-perfect=off", "a cat"], ["a cat"], ["off"]),
+    (["--control-pixel", "a cat"], ["a cat"], ["on"]),  # argparse's abbreviation
+    (["a cat", "--control-pixel-perfect"], ["a cat"], ["on"]),
+    (["--control-pixel-perfect", "on", "on"], ["on"], ["on"]),  # the next word on/off is its value
+    (["a cat", "--", "--control-pixel-perfect"], ["a cat", "--control-pixel-perfect"], []),  # after --: a word
+])
+def test_a_bare_flag_leaves_the_prompt_a_prompt(parser, argv, prompt, values):
+    args, extra = parser.parse_known_args(["generate", *argv])
+    assert extra == []
+    if prompt is not None:
+        assert args.args == prompt
+    assert args.control_pixel_perfect == values
+
+
+def test_the_flags_help_and_bad_value_are_one_line_in_cli_words(capsys):
+    with pytest.raises(SystemExit) as done:
+        main(["generate", "a cat", "--control-pixel-perfect=maybe"])
+    assert done.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1, err
+    assert err.startswith("error: argument --control-pixel-perfect: takes on or off (or nothing: on), got 'maybe'"), err
+    assert "Where: sdrt generate." in err
+    with pytest.raises(SystemExit):  # after the prompt, a word that is no value: not taken, and said why
+        main(["generate", "a cat", "--control-pixel-perfect", "maybe"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: maybe (--control-pixel-perfect takes on or off" in err
+    with pytest.raises(SystemExit):
+        main(["generate", "--help"])
+    out = capsys.readouterr().out
+    assert "--control-pixel-perfect [on|off]" in out
+
+
+def test_no_other_flag_takes_an_optional_value(parser):
+    """argparse's nargs="?" on a flag swallows the word after it, whatever it is: no flag of any command has it."""
+    found = []
+    for sub in parser._subparsers._group_actions[0].choices.values():
+        found += [a.option_strings for a in sub._actions if a.option_strings and a.nargs == "?"]
+    assert found == []

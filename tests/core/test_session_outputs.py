@@ -1,0 +1,80 @@
+"""``Session.run(feeds, outputs=[...])`` (plugin API 1.3): only the outputs named come back, with the values a
+whole run gives; a backend whose session writes ``_run_outputs`` leaves the others uncopied, one that writes only
+``_run`` still answers (the base class drops the rest)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from backend_helpers import register
+from onnx import TensorProto, helper
+
+import sdrt
+from sdrt import Backend, Device, Session
+from sdrt.errors import InputError
+from sdrt.graph import Graph
+
+X = np.arange(6, dtype=np.float32).reshape(2, 3)
+
+
+def two_outputs() -> bytes:
+    """``y = relu(x) * 2`` and ``bank = x`` (an Identity, as a reference unit's bank output is)."""
+    nodes = [helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Add", ["r", "r"], ["y"]),
+             helper.make_node("Identity", ["x"], ["bank"])]
+    info = [helper.make_tensor_value_info(n, TensorProto.FLOAT, [2, 3]) for n in ("x", "y", "bank")]
+    g = helper.make_graph(nodes, "two", [info[0]], info[1:])
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_a_session_returns_the_outputs_asked_for(backend):
+    register(backend)
+    with sdrt.load(two_outputs(), backend=backend) as sess:
+        whole = sess.run({"x": X})
+        assert list(whole) == ["y", "bank"]
+        got = sess.run({"x": X}, outputs=["y"])
+        assert list(got) == ["y"]
+        np.testing.assert_array_equal(got["y"], whole["y"])
+        got = sess.run({"x": X}, outputs=("bank", "y"))
+        assert list(got) == ["bank", "y"]
+        np.testing.assert_array_equal(got["bank"], X)
+        assert sess.run({"x": X}, outputs=[]) == {}
+        with pytest.raises(InputError) as err:
+            sess.run({"x": X}, outputs=["out_sample"])
+        assert "'out_sample'" in err.value.what and "y, bank" in err.value.fix and "\n" not in str(err.value)
+        with pytest.raises(InputError, match="list of output names"):
+            sess.run({"x": X}, outputs="y")
+
+
+class _WholeSession(Session):
+    """A third-party session of plugin API 1.2: ``_run`` only."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__(graph.inputs, graph.outputs, graph=graph)
+        self.calls = 0
+
+    def _run(self, feeds):
+        self.calls += 1
+        x = feeds["x"]
+        return {"y": np.maximum(x, 0) * 2, "bank": x.copy()}
+
+
+class _WholeBackend(Backend):
+    name = "whole"
+    api_version = (1, 2)
+
+    def devices(self):
+        return [Device("whole", "CPU")]
+
+    def _compile(self, graph, arrays, device, opts):
+        return _WholeSession(graph)
+
+
+def test_a_session_without_run_outputs_answers_from_its_whole_run():
+    be = _WholeBackend()
+    import onnx
+
+    sess = be.compile(Graph(onnx.load_model_from_string(two_outputs())), None, be.devices()[0])
+    got = sess.run({"x": X}, outputs=["y"])
+    assert list(got) == ["y"] and sess.calls == 1
+    np.testing.assert_array_equal(got["y"], np.maximum(X, 0) * 2)
