@@ -88,8 +88,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "shorter side once scaled to cover the output (to fit in it for Resize and Fill); alone it is "
                         "on for every ControlNet, or on/off once per --control-image; a pixel-perfect unit does not "
                         "read --control-processor-res")
-    g.add_argument("--control-face-tokens", action="append", default=[], nargs="?", const="on",
-                   choices=("on", "off"),
+    g.add_argument("--control-face-tokens", action=OptionalValue, default=[], const="on", choices=("on", "off"),
                    help="InstantID's ControlNet: the net reads the face tokens of the --ip-adapter InstantID adapter as "
                         "its text, not the prompt (default: when the net's file or folder name says instant_id / "
                         "InstantID, or its preprocessor is instant_id_face_keypoints); alone it is on for every "
