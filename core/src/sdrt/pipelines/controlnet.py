@@ -177,6 +177,9 @@ class ControlNet:
     prepared: np.ndarray | None = field(default=None, repr=False)
     #: the VAE latent of its map's picture, per pass size (the restore's and the colour fix's)
     origin: dict = field(default_factory=dict, repr=False)
+    #: a T2I-Adapter unit's network (sdrt.pipelines.t2iadapter.AdapterNet) and its features per pass size
+    adapter: Any = field(default=None, repr=False)
+    features: dict = field(default_factory=dict, repr=False)
 
     @property
     def model_name(self) -> str:
