@@ -223,8 +223,8 @@ def main() -> None:
             adapters["t2i-adapter_diffusers_xl_tiny.safetensors"] = a
             cases = [dict(base, name="xl/scale 0.9", seed=301, adapter="t2i-adapter-tiny-sdxl", image="colors",
                           scale=0.9, end=1.0),
-                     dict(base, name="xl/factor 0.5", seed=301, adapter="t2i-adapter_diffusers_xl_tiny.safetensors",
-                          image="colors", scale=0.9, end=0.5)]
+                     dict(base, name="xl/factor 0.25", seed=301, adapter="t2i-adapter_diffusers_xl_tiny.safetensors",
+                          image="colors", scale=0.9, end=0.25)]
         refs = dict(images)
         for case in cases:
             refs[case["name"]] = run(pipe, adapters[case["adapter"]], case, images)

@@ -129,6 +129,18 @@ class AdapterNet(AnnotatorNet):
         self.layout: Layout | None = None
         super().__init__(path, backend=backend, device=device)
 
+    @classmethod
+    def layout_of(cls, shapes: Mapping[str, Sequence[int]], where: str = "the file") -> Layout:
+        """The layout of a file with these tensor shapes, every tensor checked as opening it checks them (no file
+        read); ``ModelError`` as :class:`AdapterNet` raises it."""
+        from .netgraph import check_shapes
+
+        probe = cls.__new__(cls)
+        probe.path, probe._rb, probe.layout = Path(where), 2, None
+        check_shapes(shapes, probe.expected(shapes), where, cls.WHAT, cls.FIX, probe.strip)
+        assert probe.layout is not None
+        return probe.layout
+
     # ------------------------------------------------------------------ names
     def strip(self, name: str) -> str:
         n = name[len("adapter."):] if name.startswith("adapter.") else name
