@@ -218,3 +218,23 @@ def test_cli_controlnet_flag_takes_an_adapter(tmp_path: Path, capsys) -> None:
     assert np.abs(pixels.astype(int) - z[case["name"]][0]).max() <= 1
     text = read_parameters(out)
     assert 'ControlNet 0: "Module: none, Model: t2i-adapter_diffusers_xl_tiny, Weight: 0.9,' in text
+
+
+# ------------------------------------------------------------------ t2ia_sketch_pidi
+def test_sketch_map_is_pidinets_edge_above_a_half(tmp_path: Path) -> None:
+    """The extension's ``t2ia_sketch_pidi`` (``apply_pidinet(apply_fliter=True)``): 255 where PiDiNet's edge is above
+    0.5, else 0; against torch's edge of the same padded input (tests/data/softedge, scripts/ref_softedge.py)."""
+    from softedge_helpers import write_pidi
+
+    from sdrt.pipelines import hedmaps, pidimaps, preprocessors
+
+    register("reference")
+    refs = np.load(DATA.parent / "softedge" / "refs.npz")
+    x = refs["input/40"]
+    size = refs["map/softedge_pidinet/40"].shape
+    with pidimaps.PiDiNet(write_pidi(tmp_path / "pidinet"), backend="reference") as net:
+        made = hedmaps.detect(x, net, "sketch", size)
+    want = np.where(refs["pidi_edge/40"] > 0.5, 255, 0).astype(np.uint8)[:size[0], :size[1]]
+    assert set(np.unique(made)) <= {0, 255} and 0.02 < (want > 0).mean() < 0.98
+    assert (made[:, :, 0] != want).mean() <= 0.002
+    assert preprocessors.SOFTEDGE["t2ia_sketch_pidi"] == ("pidinet", "sketch")
