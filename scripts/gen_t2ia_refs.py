@@ -191,6 +191,28 @@ def full_size() -> dict:
     return out
 
 
+def odd_features() -> None:
+    """diffusers' features of the tiny adapters at a size whose halvings are odd (80 x 48: the SD adapter's levels
+    10x6, 5x3, 3x2, 2x1; the SDXL one's 5x3, 5x3, 3x2, 3x2), where the average pools round up (``ceil_mode``)."""
+    folder = G.OUT / "tiny-sd15-t2ia"
+    rng = np.random.default_rng(5)
+    x = rng.random((1, 3, 48, 80)).astype(np.float32)
+    out = {"input": x}
+    for name, kind, cin, seed in (("t2iadapter_canny_tiny.pth", "full_adapter", 1, 11),
+                                  ("t2iadapter_color_tiny.pth", "light_adapter", 3, 12)):
+        a = adapter(kind, cin, seed)
+        with torch.no_grad():
+            feats = a(torch.from_numpy(x[:, :cin]))
+        for k, f in enumerate(feats):
+            out[f"{name}/{k}"] = f.numpy()
+    a = T2IAdapter.from_pretrained(G.OUT / "tiny-sdxl-t2ia" / "t2i-adapter-tiny-sdxl")
+    with torch.no_grad():
+        feats = a(torch.from_numpy(x))
+    for k, f in enumerate(feats):
+        out[f"xl/{k}"] = f.numpy()
+    np.savez_compressed(folder / "odd_features.npz", **out)
+
+
 def main() -> None:
     torch.set_num_threads(1)
     images = {"edges": control_edges(), "colors": control_colors()}
@@ -235,6 +257,7 @@ def main() -> None:
         np.savez_compressed(folder / "refs.npz", **refs)
         (folder / "refs.json").write_text(json.dumps(cases, indent=2) + "\n")
     (G.OUT / "tiny-sd15-t2ia" / "full_size.json").write_text(json.dumps(full_size()) + "\n")
+    odd_features()
 
 
 if __name__ == "__main__":

@@ -238,3 +238,23 @@ def test_sketch_map_is_pidinets_edge_above_a_half(tmp_path: Path) -> None:
     assert set(np.unique(made)) <= {0, 255} and 0.02 < (want > 0).mean() < 0.98
     assert (made[:, :, 0] != want).mean() <= 0.002
     assert preprocessors.SOFTEDGE["t2ia_sketch_pidi"] == ("pidinet", "sketch")
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_features_at_odd_level_sizes_equal_diffusers(backend: str) -> None:
+    """At 80 x 48 the levels halve to odd sizes, where the adapters' average pools round up (PyTorch's
+    ``ceil_mode=True``, dividing by the pixels inside): each feature equals diffusers' to float32 rounding."""
+    from sdrt.pipelines.t2iadapter import open_adapter
+
+    register(backend)
+    z = np.load(DATA / "tiny-sd15-t2ia" / "odd_features.npz")
+    x = z["input"]
+    for name, path in (("t2iadapter_canny_tiny.pth", "tiny-sd15-t2ia/t2iadapter_canny_tiny.pth"),
+                       ("t2iadapter_color_tiny.pth", "tiny-sd15-t2ia/t2iadapter_color_tiny.pth"),
+                       ("xl", "tiny-sdxl-t2ia/t2i-adapter-tiny-sdxl")):
+        with open_adapter(DATA / path, backend=backend) as net:
+            feats = net.features(x)
+        for k, f in enumerate(feats):
+            want = z[f"{name}/{k}"]
+            assert f.shape == want.shape, (name, k, f.shape, want.shape)
+            np.testing.assert_allclose(f, want, atol=2e-4 * max(1.0, float(np.abs(want).max())), err_msg=f"{name} {k}")

@@ -280,10 +280,20 @@ class AdapterNet(AnnotatorNet):
 
 
 def _pool(net: Any, x: str, h: int, w: int) -> tuple[str, int, int]:
-    """PyTorch's ``AvgPool2d(2, 2, ceil_mode=True)`` (ceil only matters for an odd side)."""
-    ceil = bool(h % 2 or w % 2)
-    y = net.node("AveragePool", [x], None, kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 0, 0], ceil_mode=int(ceil))
-    return y, (h + 1) // 2, (w + 1) // 2
+    """PyTorch's ``AvgPool2d(2, 2, ceil_mode=True)``: at an odd side the last window holds the pixels inside only, and
+    is their mean. Written without ``ceil_mode`` (which not every backend takes): zeros padded to an even side, the
+    2x2 mean, times 4 / (the pixels inside) where a window hangs over."""
+    h2, w2 = (h + 1) // 2, (w + 1) // 2
+    if not (h % 2 or w % 2):
+        return net.avg_pool(x, 2), h2, w2
+    x = net.node("Pad", [x, net.ints(0, 0, 0, 0, 0, 0, h % 2, w % 2)], None, mode="constant")
+    y = net.avg_pool(x, 2)
+    rows = np.full(h2, 2.0, np.float32)
+    cols = np.full(w2, 2.0, np.float32)
+    rows[-1], cols[-1] = 2 - h % 2, 2 - w % 2
+    fix = (np.float32(4.0) / np.outer(rows, cols)).astype(np.float32)[None, None]
+    name = f"pool_fix_{h}x{w}"
+    return net.mul(y, name if name in net._have else net.const(name, fix)), h2, w2
 
 
 def open_adapter(path: str | Path, *, backend: str = "auto", device: Any = None) -> AdapterNet:
