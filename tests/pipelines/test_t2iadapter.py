@@ -135,6 +135,15 @@ def test_truncated_and_wrong_files_are_one_line(tmp_path: Path) -> None:
     assert "\n" not in str(e.value) and "t2i-adapter_cut.safetensors" in str(e.value)
     with pytest.raises(ModelError, match="holds no diffusion_pytorch_model"):
         open_adapter(tmp_path)
+    # as a unit's net: named by the unit, before the model's UNet is asked for ControlNet inputs it lacks
+    cut_pth = tmp_path / "t2iadapter_cut.pth"
+    cut_pth.write_bytes((DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth").read_bytes()[:30000])
+    register("reference")
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(ModelError) as e:
+        pipe.generate("a cat", steps=2, width=64, height=64,
+                      controlnets=[ControlNet(str(cut_pth), np.zeros((64, 64, 3), np.uint8))])
+    assert str(e.value).startswith(f"{cut_pth} could not be read") and "controlnets[0]" in str(e.value)
+    assert "\n" not in str(e.value)
 
 
 @pytest.mark.parametrize(("folder", "adapter", "said"), [

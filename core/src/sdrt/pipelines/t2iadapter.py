@@ -55,9 +55,10 @@ _FIX = ("pass a T2I-Adapter file as downloaded (TencentARC's t2iadapter_*.pth, o
         "diffusion_pytorch_model.safetensors or its folder)")
 
 
-def adapter_file(net: Any) -> Path | None:
+def adapter_file(net: Any, where: str = "controlnets") -> Path | None:
     """The weights file of ``net`` when it names a T2I-Adapter (a file, or a diffusers folder holding one), else None.
-    Only the tensor names are read (a safetensors header; a ``.pth``'s pickle, not its tensors' bytes)."""
+    Only the tensor names are read (a safetensors header; a ``.pth``'s pickle, not its tensors' bytes); a weights
+    file that cannot be read at all (truncated) is a ``ModelError`` naming it and ``where``."""
     if not isinstance(net, (str, Path)) or not str(net):
         return None
     p = Path(str(net))
@@ -67,17 +68,20 @@ def adapter_file(net: Any) -> Path | None:
         p = next((p / n for n in _NAMES if (p / n).is_file()), p)
     if not p.is_file() or p.suffix.lower() not in (".safetensors", ".pth", ".pt", ".bin", ".ckpt"):
         return None
-    return p if is_adapter(_keys(p)) else None
+    return p if is_adapter(_keys(p, where)) else None
 
 
-def _keys(path: Path) -> list[str]:
+def _keys(path: Path, where: str) -> list[str]:
+    from ..errors import SdrtError
     from ..weights import Weights
 
     try:
-        w = Weights.open(path)
-        return list(w.shapes())
-    except Exception:  # noqa: BLE001 - not readable here: whoever opens it as a ControlNet says why
-        return []
+        return list(Weights.open(path).shapes())
+    except Exception as exc:  # noqa: BLE001 - any unreadable file is one line naming it
+        said = exc.what if isinstance(exc, SdrtError) else f"{type(exc).__name__}: {exc}"
+        raise ModelError(f"{path} could not be read as a PyTorch or safetensors file ({said})",
+                         where=f"{where} ({path})",
+                         fix="download the ControlNet or T2I-Adapter file again (it may be truncated)") from None
 
 
 def is_adapter(keys: Sequence[str]) -> bool:

@@ -119,7 +119,8 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
                              "have none", where="guess_mode", fix="leave {@guess_mode} out")
     from .t2iadapter import adapter_file
 
-    tb.adapters = [u for u in tb.controlnets if adapter_file(u.net) is not None]
+    tb.adapters = [u for k, u in enumerate(tb.controlnets)
+                   if adapter_file(u.net, f"controlnets[{tb.place(u, k)}]") is not None]
     if tb.adapters:
         for u in tb.adapters:
             if u.guess_mode:
