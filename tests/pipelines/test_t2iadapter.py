@@ -267,3 +267,18 @@ def test_features_at_odd_level_sizes_equal_diffusers(backend: str) -> None:
             want = z[f"{name}/{k}"]
             assert f.shape == want.shape, (name, k, f.shape, want.shape)
             np.testing.assert_allclose(f, want, atol=2e-4 * max(1.0, float(np.abs(want).max())), err_msg=f"{name} {k}")
+
+
+def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
+    """``t2iadapter_style_sd14v1.pth`` (CLIP vision tokens, not a control map) is told apart and refused."""
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "t2iadapter_style_sd14v1.safetensors"
+    save_file({"style_embedding": np.zeros((1, 8, 16), np.float32), "proj": np.zeros((16, 8), np.float32),
+               "ln_pre.weight": np.ones(16, np.float32)}, str(f))
+    register("reference")
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(ModelError) as e:
+        pipe.generate("a cat", steps=2, width=64, height=64,
+                      controlnets=[ControlNet(str(f), np.zeros((64, 64, 3), np.uint8))])
+    assert "is the style T2I-Adapter" in str(e.value) and "controlnets[0]" in str(e.value)
+    assert "\n" not in str(e.value)
