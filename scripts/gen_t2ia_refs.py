@@ -163,6 +163,8 @@ def full_size() -> dict:
         "t2iadapter_sketch_sd15v2.pth": ("full_adapter", 1, "original"),
         "t2iadapter_color_sd14v1.pth": ("light_adapter", 3, "original"),
         "t2i-adapter-canny-sdxl-1.0/diffusion_pytorch_model.safetensors": ("full_adapter_xl", 1, "diffusers"),
+        # TencentARC's SDXL adapters in the original names (the extension's Adapter(is_sdxl=True))
+        "t2i-adapter_xl_canny.safetensors (original names)": ("full_adapter_xl", 1, "original"),
         "t2i-adapter_diffusers_xl_depth_midas.safetensors": ("full_adapter_xl", 3, "diffusers"),
         "t2iadapter_depth_sd15v2 (diffusers).safetensors": ("full_adapter", 3, "diffusers"),
     }

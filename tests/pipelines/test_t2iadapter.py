@@ -97,7 +97,7 @@ def test_full_size_architectures_are_recognised() -> None:
     from sdrt.pipelines.t2iadapter import AdapterNet, is_adapter
 
     made = json.loads((DATA / "tiny-sd15-t2ia" / "full_size.json").read_text())
-    assert len(made) == 7
+    assert len(made) == 8
     for name, spec in made.items():
         shapes = {k: tuple(v) for k, v in spec["keys"].items()}
         assert is_adapter(list(shapes)), name
@@ -282,3 +282,30 @@ def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
                       controlnets=[ControlNet(str(f), np.zeros((64, 64, 3), np.uint8))])
     assert "is the style T2I-Adapter" in str(e.value) and "controlnets[0]" in str(e.value)
     assert "\n" not in str(e.value)
+
+
+def test_sdxl_adapter_in_the_original_names_gives_the_same_features(tmp_path: Path) -> None:
+    """TencentARC's SDXL adapters as the extension reads them (``body.{level * 2 + j}``, ``in_conv`` on each level's
+    first resnet) give the features of the same weights in diffusers' names (checked against diffusers above)."""
+    from safetensors.numpy import load_file, save_file
+
+    from sdrt.pipelines.t2iadapter import open_adapter
+
+    register("reference")
+    src = DATA / "tiny-sdxl-t2ia" / "t2i-adapter_diffusers_xl_tiny.safetensors"
+    renamed = {}
+    for k, v in load_file(str(src)).items():
+        p = k.split(".")
+        if p[1] == "conv_in":
+            renamed[".".join(p[1:])] = v
+        elif p[3] == "resnets":
+            renamed[f"body.{int(p[2]) * 2 + int(p[4])}.{'.'.join(p[5:])}"] = v
+        else:
+            renamed[f"body.{int(p[2]) * 2}.{'.'.join(p[3:])}"] = v
+    f = tmp_path / "t2i-adapter_xl_tiny.safetensors"
+    save_file(renamed, str(f))
+    x = np.random.default_rng(1).random((1, 3, 64, 96)).astype(np.float32)
+    with open_adapter(src, backend="reference") as a, open_adapter(f, backend="reference") as b:
+        assert b.layout == a.layout and a.layout.kind == "full_xl"
+        for fa, fb in zip(a.features(x), b.features(x)):
+            np.testing.assert_array_equal(fa, fb)
