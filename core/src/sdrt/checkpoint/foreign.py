@@ -192,7 +192,8 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
         return "a Flux Redux adapter (image variations for Flux.1; sdrt has no Redux support)"
     if k.pre("adapter.body.") or k.has("body.0.block1.weight") or k.has("body.0.in_conv.weight") or k.pre(
             "adapter.conv_in."):
-        return "a T2I-Adapter (a control adapter; sdrt takes ControlNets, not T2I-Adapters)"
+        return ("a T2I-Adapter (a control adapter: pass it as a ControlNet unit's net, ControlNet(file, image) or "
+                "--controlnet FILE, beside an SD 1.x / SDXL model, not as one)")
     # encoders of other families, and their VAEs
     vision = next((w for w in ("vision_model.embeddings.patch_embedding.weight", "visual.conv1.weight",
                                "vision_model.embeddings.patch_embeddings.projection.weight")

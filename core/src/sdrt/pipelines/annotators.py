@@ -56,7 +56,7 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("ControlNetHED.pth",), ("hed",), ("lllyasviel/Annotators",), "lllyasviel's HED")
        for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed")},
     **{n: Files(("table5_pidinet.pth",), ("pidinet",), ("lllyasviel/Annotators",), "PiDiNet's")
-       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet")},
+       for n in ("softedge_pidinet", "softedge_pidisafe", "scribble_pidinet", "t2ia_sketch_pidi")},
     "softedge_teed": Files(("7_model.pth",), ("TEED",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",), "TEED's"),
     # the animal pose: DWPose's detector beside the AP10K model (the extension downloads both into openpose/;
     # ComfyUI keeps its own ONNX export of the same model, from hr16/UnJIT-DWPose, apart from yzd-v/DWPose's detector)

@@ -198,6 +198,9 @@ class ControlNet:
             return True
         source = self.part.source_file if self.part is not None else None
         return any(names_instantid(p) for p in (getattr(self.net, "path", self.net), source) if p is not None)
+    #: a T2I-Adapter unit's network (sdrt.pipelines.t2iadapter.AdapterNet) and its features per pass size
+    adapter: Any = field(default=None, repr=False)
+    features: dict = field(default_factory=dict, repr=False)
 
     @property
     def model_name(self) -> str:

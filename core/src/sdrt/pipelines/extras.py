@@ -10,12 +10,13 @@ call (``_control``), and after the first pass (``_hires_pass``).
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InputError
+from ..errors import InputError, ModelError
 from . import controlnet as cn
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -56,8 +57,8 @@ class ToolboxMixin:
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
         self._lama_noise = True  # the job's first batch: inpaint_only+lama's HackedImageRNG (_noise)
-        cn.seed_units(tb.controlnets, s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
-        for unit in tb.controlnets:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
+        cn.seed_units([*tb.controlnets, *tb.adapters], s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
+        for unit in [*tb.controlnets, *tb.adapters]:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
             if unit.pose_backend is None:
                 unit.pose_backend, unit.pose_device = self.backend, self.device  # type: ignore[attr-defined]
         self._unit_regions(s)
@@ -67,6 +68,7 @@ class ToolboxMixin:
         if graph is not None:  # a single file: its UNet runs the twin that takes residuals only when needed
             self.denoiser.retarget(graph)  # type: ignore[attr-defined]
         self._prepare_ip_adapter(s)
+        self._prepare_adapters(s)
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is not None:  # Flux / SD3 ControlNets: residual inputs on the transformer only while a net is asked
             if tb.controlnets:
@@ -133,6 +135,79 @@ class ToolboxMixin:
         else:
             self._preview_fn = None
 
+    def _prepare_adapters(self, s: Settings) -> None:
+        """The T2I-Adapter units (sdrt.pipelines.t2iadapter): each file opened (kept between runs) and checked against
+        the model's family, and its checks as a ControlNet unit's."""
+        from .t2iadapter import adapter_file, open_adapter
+
+        tb: Toolbox = s.toolbox
+        nets = self.__dict__.setdefault("_t2i_nets", {})
+        family = self.family.name  # type: ignore[attr-defined]
+        for k, unit in enumerate(tb.adapters):
+            k = tb.place(unit, k)  # noqa: PLW2901
+            where = f"controlnets[{k}]"
+            cn.check_no_control_mask(unit, where, "a T2I-Adapter")
+            if unit.union_mode is not None:
+                raise InputError(f"{where} has a {{@union_mode}}, and is a T2I-Adapter", where=f"{where} union_mode",
+                                 fix="leave {@union_mode} out")
+            path = adapter_file(unit.net)
+            assert path is not None
+            from ..stamps import file_stamp
+
+            key = (str(path.resolve()), file_stamp(path))
+            net = nets.get(key)
+            if net is None:
+                try:
+                    net = open_adapter(path, backend=self.backend, device=self.device)  # type: ignore[attr-defined]
+                except (InputError, ModelError) as exc:
+                    raise type(exc)(exc.what, where=f"{where} ({exc.where})" if exc.where else where,
+                                    fix=exc.fix) from None
+                nets[key] = net
+            base = net.layout.base
+            if (base == "sdxl") != (family == "sdxl"):
+                want = "SDXL" if family == "sdxl" else "SD 1.x / 2.x"
+                raise InputError(f"{where}: {path.name} is {net.layout.label}, and the model is {self.family.label}",  # type: ignore[attr-defined]
+                                 where=where, fix=f"pass a T2I-Adapter made for {want}")
+            unit.adapter = net
+            unit.features = {}
+
+    def _adapter_hook(self, s: Settings, call: Any, width: int, height: int, hires: bool,
+                      state: cn.ControlState) -> Any:
+        """The hook that feeds the UNet's T2I-Adapter inputs: each unit's features (made once per pass size) times its
+        scales, summed over the units on at this step; zeros when none is (diffusers adds nothing then)."""
+        from .t2iadapter import FEATURE, feature_scales, feature_shapes
+
+        tb: Toolbox = s.toolbox
+        unet = self.denoiser  # type: ignore[attr-defined]
+        dtype = np.dtype(unet.inputs[f"{FEATURE}0"].dtype)
+        units = [u for u in tb.adapters if cn.on_pass(u, state.hires_pass)]
+        feats = []
+        for k, unit in enumerate(units):
+            if (width, height) not in unit.features:
+                if self._dry:
+                    unit.features[(width, height)] = [np.zeros((1, *sh), np.float32)
+                                                      for sh in feature_shapes(unit.adapter.layout, height, width)]
+                else:
+                    control = self._control_tensor(unit, width, height, tb.place(unit, k))
+                    unit.features[(width, height)] = unit.adapter.features(control)
+            f = unit.features[(width, height)]
+            feats.append((unit, [x * np.float32(c) for x, c in zip(f, feature_scales(unit, hires=hires))]))
+        shapes = [sh for sh in feature_shapes(tb.adapters[0].adapter.layout, height, width)]
+        batch = call.batch
+
+        def run(feeds: dict[str, np.ndarray]) -> Mapping[str, np.ndarray]:
+            rows = np.asarray(feeds[self.family.sample_input]).shape[0]  # type: ignore[attr-defined]
+            out = [np.zeros((rows, *sh), np.float32) for sh in shapes]
+            for unit, f in feats:
+                if not state.on(unit):
+                    continue
+                start = batch if unit.cond_only and rows == 2 * batch else 0  # cfg injection: the cond rows only
+                for o, x in zip(out, f):
+                    o[start:] += x
+            return {f"{FEATURE}{i}": o.astype(dtype, copy=False) for i, o in enumerate(out)}
+
+        return run
+
     def _inpaint_unit(self, s: Settings, unit: cn.ControlNet, k: int) -> None:
         """An inpaint unit (sdrt.pipelines.inpaintcn) as the extension's ``choose_input_image`` reads it: without a
         picture, the run's init image with the run's mask (blurred as the run blurs it) and the run's resize mode;
@@ -171,11 +246,15 @@ class ToolboxMixin:
 
             slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
             refattn.check(self, refs, [f"controlnets[{slots[id(u)]}]" for u in refs])
+        if s.toolbox.adapters and family not in ipa.FAMILIES:
+            raise InputError(f"T2I-Adapters are not supported for {self.family.label}",  # type: ignore[attr-defined]
+                             where="controlnets", fix="use an SD 1.x or SDXL model")
         if family in ipa.FAMILIES:
             from .refattn import graph_kinds, use_graph
 
             heads = ipa.heads_for(self.folder.configs, family, self.family.denoiser_part)  # type: ignore[attr-defined]
-            use_graph(self.denoiser, len(units), heads, *graph_kinds(refs))  # type: ignore[attr-defined]
+            t2i = ("sdxl" if family == "sdxl" else "sd") if s.toolbox.adapters else None
+            use_graph(self.denoiser, len(units), heads, *graph_kinds(refs), t2i=t2i)  # type: ignore[attr-defined]
 
     def _ip_conditioning(self, s: Settings, cond: Any, uncond: Any) -> tuple[Any, Any]:
         """The job's conditionings with the IP-Adapters' image inputs (sdrt.pipelines.ipadapter), or as they are."""
@@ -200,7 +279,7 @@ class ToolboxMixin:
 
         paste = getattr(self, "_paste", None)
         region = paste if s.inpaint_area == ONLY_MASKED and isinstance(paste, Paste) else None
-        units = list(s.toolbox.controlnets) + list(s.toolbox.references)
+        units = list(s.toolbox.controlnets) + list(s.toolbox.references) + list(s.toolbox.adapters)
         if isinstance(s.control_image, cn.ControlNet):  # a Flux.1 Canny/Depth model's, from --control-image
             units.append(s.control_image)
         for unit in units:
@@ -298,6 +377,8 @@ class ToolboxMixin:
         own = self.__dict__.pop("_taesd", None)
         if own is not None:
             own[1].close()
+        for net in self.__dict__.pop("_t2i_nets", {}).values():  # the T2I-Adapters' graphs
+            net.close()
         for part in self.__dict__.pop("_ip_encoders", {}).values():  # the IP-Adapters' image encoders
             part.close()
         for up in self.__dict__.pop("_upscalers", {}).values():  # the hires fix's model upscaler
@@ -455,6 +536,12 @@ class ToolboxMixin:
             gate = window_hook(preps, self.denoiser, state)  # type: ignore[attr-defined]
             if gate is not None:
                 call.hooks.append(gate)
+        if s.toolbox.adapters:  # T2I-Adapters: their features, fed to the UNet's intrablock inputs
+            hires = (width, height) != (s.width, s.height) if second is None else second
+            if state is None:
+                state = cn.ControlState()
+            state.hires_pass = hires if s.toolbox.hires is not None else None
+            call.hooks.append(self._adapter_hook(s, call, width, height, bool(hires), state))
         refs = s.toolbox.references
         if refs:  # reference_only: the write pass, then the banks of the call (sdrt.pipelines.refattn), last
             from .refattn import hook
@@ -655,7 +742,7 @@ class ToolboxMixin:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt, title(other)))
             else:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
-        units = tb.units if tb.references else tb.controlnets  # reference units where they were given
+        units = tb.units if tb.references or tb.adapters else tb.controlnets  # reference / T2I units where given
         if units:
             info.update(cn.infotext(units, s.width or 0, s.height or 0))
         if tb.ip_adapter:  # the extension's IP-Adapter units, after the ControlNet ones

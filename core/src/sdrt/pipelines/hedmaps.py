@@ -94,7 +94,10 @@ def detect(rgb: np.ndarray, net: Any, kind: str = "soft", size: tuple[int, int] 
         rgb, size = pad64(rgb)
     else:
         rgb = pad64(rgb)[0]
-    m = np.ascontiguousarray(net.map(rgb, safe=kind == "safe")[:size[0], :size[1]])
+    if kind == "sketch":  # t2ia_sketch_pidi: the extension's apply_pidinet(apply_fliter=True), the edge above 0.5
+        m = np.ascontiguousarray(np.where(net.edge(rgb) > 0.5, 255, 0).astype(np.uint8)[:size[0], :size[1]])
+    else:
+        m = np.ascontiguousarray(net.map(rgb, safe=kind == "safe")[:size[0], :size[1]])
     if kind == "scribble":
         m = scribble(m)
     return np.repeat(m[:, :, None], 3, axis=2)

@@ -34,6 +34,7 @@ scribble_hed            - (``ControlNetHED.pth``: ``models``)        padded to 6
 softedge_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_pidisafe       - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 scribble_pidinet        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
+t2ia_sketch_pidi        - (``table5_pidinet.pth``: ``models``)       padded to 64        pidimaps, hedmaps
 softedge_teed           Safe Steps 2, 0 to 10 (``7_model.pth``)      padded to 64        teedmaps
 softedge_anyline        Safe Steps 2, 0 to 10 (``MTEED.pth``)        padded to 64        anylinemaps, teedmaps
 normal_bae              - (``scannet.pt``: ``models``)               padded to 64        normalbae
@@ -133,7 +134,7 @@ SPECS: dict[str, Spec] = {
     "depth_midas": Spec("pad", models=True),
     "normal_midas": Spec("pad", Slider(0.4, 0, 1), models=True),
     **{n: Spec("pad", models=True) for n in ("softedge_hed", "softedge_hedsafe", "scribble_hed", "softedge_pidinet",
-                                              "softedge_pidisafe", "scribble_pidinet")},
+                                              "softedge_pidisafe", "scribble_pidinet", "t2ia_sketch_pidi")},
     "softedge_teed": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "softedge_anyline": Spec("pad", Slider(2, 0, 10, whole=True), models=True),
     "normal_bae": Spec("pad", models=True),
@@ -161,7 +162,7 @@ SPECS: dict[str, Spec] = {
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
             "softedge_pidinet": ("pidinet", "soft"), "softedge_pidisafe": ("pidinet", "safe"),
-            "scribble_pidinet": ("pidinet", "scribble"), "softedge_teed": ("teed", "safe"),
+            "scribble_pidinet": ("pidinet", "scribble"), "t2ia_sketch_pidi": ("pidinet", "sketch"), "softedge_teed": ("teed", "safe"),
             "softedge_anyline": ("mteed", "anyline")}
 NAMES = tuple(SPECS)
 #: the preprocessors that read a processor resolution

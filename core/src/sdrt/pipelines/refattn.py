@@ -81,11 +81,13 @@ def graph_kinds(units: Sequence[Any]) -> tuple[bool, bool]:
     return any(u.preprocessor in ATTN for u in units), any(u.preprocessor in ADAIN for u in units)
 
 
-def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: bool = False) -> None:
+def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: bool = False,
+              t2i: str | None = None) -> None:
     """The UNet part runs its graph with IP attention for ``adapters`` IP-Adapters and, as asked, the reference
     attention and AdaIN of :mod:`sdrt.checkpoint.refattention` (none: as its file has it). They are counts and
-    switches only, so the compiled graph is kept between jobs that ask the same."""
-    if not adapters and not attention and not adain:
+    switches only, so the compiled graph is kept between jobs that ask the same. ``t2i``: the T2I-Adapter feature
+    inputs of :mod:`sdrt.checkpoint.adapterresiduals` ("sd" or "sdxl" places; None: none)."""
+    if not adapters and not attention and not adain and not t2i:
         part.edit_graph(None)
         return
     where = str(part.path)
@@ -104,6 +106,10 @@ def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: boo
             model = reference_graph(model, heads, where)
         if adain:
             model = adain_graph(model, where)
+        if t2i:
+            from ..checkpoint.adapterresiduals import adapter_graph
+
+            model = adapter_graph(model, t2i, where)
         return graph.derive(model)
 
     from ..checkpoint.refattention import written
@@ -115,6 +121,8 @@ def use_graph(part: Part, adapters: int, heads: Any, attention: bool, adain: boo
         keys.append("reference_only")
     if adain:
         keys.append("reference_adain")
+    if t2i:
+        keys.append(f"t2i_adapter_{t2i}")
     # an ordinary call (the read pass) returns the UNet's own outputs only: the banks and statistics (about 200 MiB
     # a row on SDXL at 1024 in float16) are the write pass's, which asks for them (hook: Part.run(select=))
     part.edit_graph(edit, "+".join(keys), hidden=written)

@@ -58,6 +58,8 @@ class Toolbox:
     #: every unit in the order given (the infotext numbers them so)
     references: list[Any] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)
+    #: the T2I-Adapter units (a net that is a T2I-Adapter file: sdrt.pipelines.t2iadapter), taken out of ``controlnets``
+    adapters: list[Any] = field(default_factory=list)
 
     def place(self, unit: Any, k: int) -> int:
         """A unit's place in ``controlnets`` as given (``k``, its place among the ControlNet units, where the run has
@@ -115,6 +117,16 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         if guess and not tb.controlnets:
             raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
                              "have none", where="guess_mode", fix="leave {@guess_mode} out")
+    from .t2iadapter import adapter_file
+
+    tb.adapters = [u for k, u in enumerate(tb.controlnets)
+                   if adapter_file(u.net, f"controlnets[{tb.place(u, k)}]") is not None]
+    if tb.adapters:
+        for u in tb.adapters:
+            if u.guess_mode:
+                raise InputError(f"controlnets[{tb.place(u, 0)}] is a T2I-Adapter, and {{@guess_mode}} scales ControlNet "
+                                 "residuals", where="guess_mode", fix="leave {@guess_mode} out for a T2I-Adapter")
+        tb.controlnets = [u for u in tb.controlnets if all(u is not a for a in tb.adapters)]
     rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
     rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:

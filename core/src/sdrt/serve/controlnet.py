@@ -45,14 +45,14 @@ MODULES.update({"depth": "depth_midas", "normal_map": "normal_midas"})  # the ex
 MODULES.update({"hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "scribble_hed": "scribble_hed",
                 "pidinet": "softedge_pidinet", "pidinet_safe": "softedge_pidisafe",
                 "pidinet_scribble": "scribble_pidinet", "softedge_teed": "softedge_teed",
-                "softedge_anyline": "softedge_anyline"})
+                "softedge_anyline": "softedge_anyline", "pidinet_sketch": "t2ia_sketch_pidi"})
 MODULES["animal_openpose"] = "animal_openpose"  # the AP10K animal pose (sdrt.pipelines.animalpose)
 MODULES["instant_id_face_keypoints"] = "instant_id_face_keypoints"  # InstantID's hint (sdrt.pipelines.faces)
 ALIASES = {"invert": "invert (from white bg & black line)",
            "lineart_standard": "lineart_standard (from white bg & black line)", "color": "t2ia_color_grid",
            "hed": "softedge_hed", "hed_safe": "softedge_hedsafe", "pidinet": "softedge_pidinet",
            "pidinet_safe": "softedge_pidisafe", "pidinet_scribble": "scribble_pidinet",
-           "depth": "depth_midas", "normal_map": "normal_midas"}
+           "depth": "depth_midas", "normal_map": "normal_midas", "pidinet_sketch": "t2ia_sketch_pidi"}
 ALIASES["lineart"] = "lineart_realistic"
 #: the extension's inpaint modules (sdrt.pipelines.inpaintcn): "inpaint" is its UI's inpaint_global_harmonious
 MODULES.update({"inpaint": "inpaint", "inpaint_only": "inpaint_only"})
@@ -117,6 +117,8 @@ _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth
            "depth_anything_v2": _RES, "openpose_hand": _RES, "openpose_face": _RES, "openpose_faceonly": _RES}
 # the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
 SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+# the T2I-Adapter sketch map (PiDiNet's edge above 0.5): no sliders in the extension's config, the UI's resolution
+SLIDERS["pidinet_sketch"], _UI_RES["pidinet_sketch"] = [], _RES
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
@@ -132,7 +134,8 @@ _NEEDS = (("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
           ("revision", "CLIP vision conditioning"),
-          ("clip_vision", "CLIP vision conditioning"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
+          ("clip_vision", "CLIP vision conditioning"),
+          ("t2ia_style", "the style T2I-Adapter's CLIP vision tokens"), ("pulid", "PuLID's face models"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
