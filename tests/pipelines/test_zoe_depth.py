@@ -49,7 +49,7 @@ def _close_maps(made: np.ndarray, want: np.ndarray, most: int) -> None:
     assert d.max() <= 1 and int((d > 0).sum()) <= most, (int(d.max()), int((d > 0).sum()))
 
 
-def _close_depth(raw: np.ndarray, want: np.ndarray, of_range: float = 3e-5) -> None:
+def _close_depth(raw: np.ndarray, want: np.ndarray, of_range: float = 5e-5) -> None:
     span = float(want.max() - want.min())
     assert raw.shape == want.shape and span > 1
     err = float(np.abs(raw - want).max()) / span
@@ -58,9 +58,10 @@ def _close_depth(raw: np.ndarray, want: np.ndarray, of_range: float = 3e-5) -> N
 
 @pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
 def test_depth_and_map_equal_the_extension(refs, pth, backend):
-    """The narrow network's flip-averaged metric depth within float32 noise of torch's (measured: 1.8e-5 of its
-    range on OpenVINO; torch's own float32 is 2.4e-5 of the range from its float64: the log-binomial's temperature
-    (down to 0.0212) magnifies rounding), and the map at the image's own size within one level of the extension's."""
+    """The narrow network's flip-averaged metric depth within float32 noise of torch's (measured, of its range: 1.4e-5
+    on the reference backend, 1.8e-5 on OpenVINO, 2.9e-5 on ggml; torch's own float32 is 2.4e-5 from its float64:
+    the log-binomial's temperature, down to 0.0212, magnifies rounding), and the map at the image's own size within
+    one level of the extension's (1 or 2 values of 6300)."""
     register(backend)
     image = refs["image"]
     with zoedepth.ZoeDepth(pth, backend=backend) as det:
@@ -241,7 +242,8 @@ def test_depth_zoe_in_a_controlnet_run_and_on_the_command_line(refs, pth, tmp_pa
 def test_full_size_zoed_m12_n(tmp_path):
     """The full-size file (BEiT-L/16-384's 24 blocks of width 1024 with 16 heads, DPT features 256, the metric head
     with 64 bins; 344.8 M values under ``model``, as the published checkpoint keeps them) makes the extension's depth
-    and map of a 90 x 70 image on OpenVINO (a 1.4 GB file written and compiled: minutes; set SDRT_ZOE_FULL=1)."""
+    and map of a 90 x 70 image on OpenVINO (measured: 1.5e-5 of the range, 5 of 6300 map values a level apart; ggml
+    8.6e-6 and 2). A 1.4 GB file written and compiled, 80 s and 7.9 GB peak on two cores: set SDRT_ZOE_FULL=1."""
     import os
 
     if not os.environ.get("SDRT_ZOE_FULL"):
@@ -254,5 +256,5 @@ def test_full_size_zoed_m12_n(tmp_path):
         assert det.config == zoedepth.PUBLISHED
         raw = det.depth(_padded(refs["image"]))
         made = det(refs["image"])
-    _close_depth(raw, refs["own_raw"], 1e-4)
-    _close_maps(made, refs["own_map"], 16)
+    _close_depth(raw, refs["own_raw"])
+    _close_maps(made, refs["own_map"], 8)

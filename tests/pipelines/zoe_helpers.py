@@ -6,7 +6,8 @@ timm's unused ``fc_norm`` and ``head`` and the log-binomial's
 one (BEiT-L/16-384, DPT features 256, 64 bins; 344.8 M values, 1.4 GB) or the narrow one: the same layout and
 block count (24 blocks, hooks 5/11/17/23, a 24 x 24 pretraining grid, 64 bins, 16/8/4/1 attractors) at width 32 with
 2 heads, reassemble widths 8/16/32/32, DPT features 16 and a bin embedding of 16, which the tests run because it
-compiles in seconds. Weights are He-scaled normals, LayerScale ``gamma`` 0.3, norms near identity.
+compiles in seconds. Weights are He-scaled normals, LayerScale ``gamma`` 0.3, norms near identity (in the
+full-size file the fusion's residual units scaled by 0.2, so that its features stay near a trained network's).
 ``scripts/ref_zoe.py`` loads the same files with ``torch.load`` and runs controlnet_aux's ZoeDepth (the extension's
 code) on them.
 """
@@ -44,6 +45,10 @@ def make_weights(tiny: bool = True, seed: int = SEED) -> dict[str, np.ndarray]:
         else:
             fan_in = int(np.prod(shape[1:]))
             a = rng.standard_normal(shape, dtype=np.float32) * np.float32(np.sqrt(2.0 / fan_in))
+            if not tiny and ".resConfUnit" in name and name.endswith("conv2.weight"):
+                a *= np.float32(0.2)  # the fusion's residual units small: its 256 channels otherwise grow the
+                # features to hundreds, and the log-binomial head (temperature down to 0.0212) turns float32
+                # rounding there into different bins
         out[name] = np.asarray(a, np.float32)
         if name.endswith("relative_position_bias_table"):
             out[name.replace("bias_table", "index")] = rel_pos_index(cfg.grid, cfg.grid)

@@ -229,7 +229,8 @@ def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, height: int, widt
                 taps: Sequence[str] = ()) -> Any:
     """The ``onnx.ModelProto`` of ZoeDepth N for one ``(1, 3, height, width)`` normalised ``image`` (sides multiples
     of 32) -> the metric ``depth`` ``(1, 1, height, width)``; ``taps``: intermediate tensors to output too (``l4``,
-    ``r1``, ``out_conv``, ``rel``, ``blockN``), as outputs of those names."""
+    ``r1``, ``out_conv``, ``rel``, ``blockN``, ``centers``, ``prob``, ``temp``, ``probs``), as outputs of those
+    names."""
     d, heads = cfg.embed, cfg.heads
     hd = d // heads
     gh, gw = height // PATCH, width // PATCH
@@ -252,9 +253,15 @@ def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, height: int, widt
     def up(x: str, size: tuple[int, int]) -> str:
         return net.resize(x, size=size, mode="linear", align_corners=True)
 
-    def mlp(x: str, p: str, last: str | None = None) -> str:  # conv 1x1, ReLU, conv 1x1 (then ``last``)
+    def softplus(x: str) -> str:
+        """torch's Softplus as ``relu(x) + log(1 + exp(-|x|))``: ONNX's ``log(exp(x) + 1)`` overflows above 88
+        on some backends, where torch returns x itself (above its threshold 20 the two agree in float32)."""
+        tail = net.node("Log", [net.add(net.scalar(1.0), net.node("Exp", [net.node("Neg", [net.node("Abs", [x])])]))])
+        return net.add(net.relu(x), tail)
+
+    def mlp(x: str, p: str, soft: bool = False) -> str:  # conv 1x1, ReLU, conv 1x1 (then Softplus)
         y = net.conv(net.relu(net.conv(x, p + "._net.0", pad=0)), p + "._net.2", pad=0)
-        return net.node(last, [y]) if last else y
+        return softplus(y) if soft else y
 
     # ---- BEiT over the 16 x 16 patches, tokens as (N, D)
     x = net.conv("image", _V + "patch_embed.proj", stride=PATCH, pad=0)
@@ -319,13 +326,13 @@ def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, height: int, widt
     tags.update(r1=fused[1], out_conv=last, rel=rel)
     # ---- the metric head: seed bins on the bottleneck, attractors up the fusion outputs
     x0 = net.conv(rn[3], "conv2", pad=0)
-    centers = mlp(x0, "seed_bin_regressor", "Softplus")
+    centers = mlp(x0, "seed_bin_regressor", True)
     prev = mlp(x0, "seed_projector")
     alpha = net.scalar(ALPHA)
     for i, (src, size) in enumerate(zip((fused[4], fused[3], fused[2], fused[1]),
                                         (sizes[2], sizes[1], sizes[0], (sizes[0][0] * 2, sizes[0][1] * 2)))):
         emb = mlp(src, f"projectors.{i}")
-        a = mlp(net.add(emb, up(prev, size)), f"attractors.{i}", "Softplus")  # (1, n_attractors, h, w)
+        a = mlp(net.add(emb, up(prev, size)), f"attractors.{i}", True)  # (1, n_attractors, h, w)
         c = up(centers, size)  # (1, bins, h, w)
         dx = net.node("Sub", [net.node("Unsqueeze", [a, net.ints(2)]), net.node("Unsqueeze", [c, net.ints(1)])])
         delta = net.node("Div", [dx, net.add(net.scalar(1.0), net.mul(alpha, net.mul(dx, dx)))])
@@ -334,7 +341,7 @@ def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, height: int, widt
     cond = net.concat([last, rel, up(prev, (height, width))], 1)
     pt = net.conv(gelu(net.conv(cond, "conditional_log_binomial.mlp.0", pad=0)), "conditional_log_binomial.mlp.2",
                   pad=0)
-    pt = net.add(net.node("Softplus", [pt]), net.scalar(P_EPS))
+    pt = net.add(softplus(pt), net.scalar(P_EPS))
     p0, p1, t0, t1 = net.nodes_out("Split", [pt, net.ints(1, 1, 1, 1)], 4, axis=1)
     prob = net.node("Div", [p0, net.add(p0, p1)])
     temp = net.add(net.mul(net.node("Div", [t0, net.add(t0, t1)]), net.scalar(MAX_TEMP - MIN_TEMP)),
@@ -347,6 +354,7 @@ def build_graph(arrays: Mapping[str, np.ndarray], cfg: Config, height: int, widt
                         net.mul(net.const("k_idx", k), lx)),
                 net.mul(net.const("k_rest", np.float32(cfg.bins - 1) - k), l1x))
     probs = net.node("Softmax", [net.node("Div", [y, temp])], axis=1)
+    tags.update(centers=centers, prob=prob, temp=temp, probs=probs)
     depth = net.node("ReduceSum", [net.mul(probs, up(centers, (height, width))), net.ints(1)], keepdims=1)
     return net.model("sdrt_zoedepth", {"image": (1, 3, height, width)}, {depth: "depth", **{tags[t]: t for t in taps}})
 
