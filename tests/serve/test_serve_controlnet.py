@@ -327,7 +327,7 @@ def test_controlnet_routes(cn_server) -> None:
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "pidinet_sketch", "animal_openpose", "instant_id_face_keypoints", "inpaint", "inpaint_only", "inpaint_only+lama", "tile_colorfix",
-                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "reference_only",
+                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "depth_zoe", "reference_only",
                                     "reference_adain", "reference_adain+attn"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}

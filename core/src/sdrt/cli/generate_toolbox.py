@@ -60,7 +60,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
                         "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
-                        "latest_net_G.pth); openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
+                        "latest_net_G.pth); depth_zoe: ZoeD_M12_N.pt; openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
                         "hand_pose_model.pth and/or facenet.pth; inpaint_only+lama: ControlNetLama.pth; instant_id_face_keypoints: "
                         "InsightFace antelopev2's scrfd_10g_bnkps.onnx; ...), or an A1111 or "
                         "ComfyUI folder with sd-webui-controlnet's extensions/sd-webui-controlnet/annotator/downloads/"

@@ -87,6 +87,9 @@ ANNOTATORS: dict[str, Files] = {
     "openpose_full": Files(("body_pose_model.pth", "hand_pose_model.pth", "facenet.pth"), ("openpose",),
                            ("lllyasviel/Annotators",), "OpenPose's"),
     "depth_leres": Files(("res101.pth",), ("leres",), ("lllyasviel/Annotators",), "LeReS's depth model"),
+    # ZoeDepth N: the extension's downloads/zoedepth (Forge's ControlNetPreprocessor/zoedepth), ComfyUI's
+    # ckpts/lllyasviel/Annotators (controlnet_aux before its switch to transformers' ZoeDepth)
+    "depth_zoe": Files(("ZoeD_M12_N.pt",), ("zoedepth",), ("lllyasviel/Annotators",), "ZoeDepth's"),
     # the boost: LeReS and the merge network (pix2pix), each where the extension reads it: res101.pth from
     # annotator/leres first (as depth_leres), latest_net_G.pth from downloads/leres: so each file on its own
     "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's",

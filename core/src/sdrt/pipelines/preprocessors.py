@@ -51,6 +51,7 @@ openpose_full           - (body, hand and face ``.pth`` files)       padded to 6
 depth_leres             Remove Near % 0 / Remove Background % 0      padded to 64        leresdepth
                         (0 to 100; ``res101.pth``: ``models``)
 depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
+depth_zoe               - (``ZoeD_M12_N.pt``: ``models``)            padded to 64        zoedepth
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
@@ -83,7 +84,7 @@ from .controlmaps import finite_number
 
 #: LaMa's fill before the inpaint hint (sdrt.pipelines.lamafill)
 LAMA = "inpaint_only+lama"
-__all__ = ["LAMA", "lama", "lama_fill", "MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
+__all__ = ["LAMA", "lama", "lama_fill", "MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost", "zoe"]
 
 
 @dataclass(frozen=True)
@@ -156,6 +157,7 @@ SPECS: dict[str, Spec] = {
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     # InstantID's ControlNet hint: the largest face's 5 points (InsightFace antelopev2's detector; sdrt.pipelines.faces)
     "instant_id_face_keypoints": Spec("pad", models=True),
+    "depth_zoe": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
@@ -639,6 +641,15 @@ def leres(models: Any, backend: str = "auto", device: Any = None, where: str = "
     return _kept("depth_leres", (path,), backend, device, lambda be, dev: LeresDepth(path, backend=be, device=dev))
 
 
+def zoe(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.zoedepth.ZoeDepth` of ``models`` (``ZoeD_M12_N.pt`` or a folder holding it in the
+    extension's, Forge's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .zoedepth import ZoeDepth
+
+    (path,) = model_files("depth_zoe", models, where)
+    return _kept("depth_zoe", (path,), backend, device, lambda be, dev: ZoeDepth(path, backend=be, device=dev))
+
+
 def leres_boost(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.leresboost.LeresBoost` of ``models`` (``res101.pth`` and ``latest_net_G.pth``, or a
     folder holding them in the extension's or ComfyUI's layout): LeReS kept as ``depth_leres``' (shared with it), the
@@ -809,6 +820,8 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
     elif name == "depth_leres":  # the detector pads to 64 itself without a resolution
         det = leres(models, backend, device, where)
         rgb = cm.to_rgb(det(cm.checked_rgb(rgb, "sdrt.pipelines.leresdepth"), lo, hi))
+    elif name == "depth_zoe":  # the detector pads to 64 itself without a resolution
+        rgb = cm.to_rgb(zoe(models, backend, device, where)(cm.checked_rgb(rgb, "sdrt.pipelines.zoedepth")))
     elif name == "depth_leres++":
         det = leres_boost(models, backend, device, where)
         rgb = cm.to_rgb(det(cm.checked_rgb(rgb, "sdrt.pipelines.leresboost"), lo, hi))

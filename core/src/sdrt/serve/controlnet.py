@@ -62,6 +62,7 @@ ALIASES["inpaint"] = "inpaint_global_harmonious"
 MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
 #: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
 MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
+MODULES["depth_zoe"] = "depth_zoe"  # ZoeDepth (sdrt.pipelines.zoedepth)
 #: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
 MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
 MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
@@ -120,6 +121,9 @@ SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "l
 # the T2I-Adapter sketch map (PiDiNet's edge above 0.5): no sliders in the extension's config, the UI's resolution
 SLIDERS["pidinet_sketch"], _UI_RES["pidinet_sketch"] = [], _RES
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+# depth_zoe: no sliders in module_detail (the extension's resolution None), its UI's default resolution slider
+SLIDERS["depth_zoe"] = []
+_UI_RES["depth_zoe"] = _RES
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
