@@ -288,8 +288,8 @@ def test_one_finite_number_check_serves_every_preprocessor_and_unit_argument() -
 @pytest.mark.parametrize("name", sorted(set(WITH_MODELS) - {"depth_leres", "depth_leres++", "dw_openpose_full", "openpose",
                                                              "depth_anything", "depth_anything_v2", "animal_openpose",
                                                              "openpose_hand", "openpose_face", "openpose_faceonly",
-                                                             "openpose_full", "instant_id_face_keypoints"}))
-# (leres: test_leres_depth.py; the detectors that read the image at a size of their own are not bounded here)
+                                                             "openpose_full", "instant_id_face_keypoints", "inpaint_only+lama"}))
+# (leres: test_leres_depth.py; LaMa reads a masked picture at 256 (test_lama.py); the detectors that read the image at a size of their own are not bounded here)
 def test_a_model_backed_map_at_the_images_own_size_is_bounded(tmp_path, name):
     """No processor resolution (the API's default): the network would read the whole image; above MAX_NET_PIXELS
     (a 6000x4000 photo through HED took ~13 GB) it is one line before any file is read, as at a resolution; the
