@@ -89,6 +89,12 @@ ANNOTATORS: dict[str, Files] = {
     # annotator/leres first (as depth_leres), latest_net_G.pth from downloads/leres: so each file on its own
     "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's",
                            apart=((), ())),
+    # Revision's image encoder (sdrt.pipelines.revision): OpenCLIP ViT-bigG/14 as transformers'
+    # CLIPVisionModelWithProjection; the extension's clip_g.pth, ComfyUI's clip_vision/ file (stabilityai's
+    # control-lora revision/clip_vision_g.safetensors, or laion's CLIP-ViT-bigG-14 one)
+    **{n: Files(("clip_g.pth",), ("clip_vision",), ("lllyasviel/Annotators",), "OpenCLIP ViT-bigG/14",
+                ("clip_vision_g.safetensors", "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"))
+       for n in ("revision_clipvision", "revision_ignore_prompt")},
 }
 
 

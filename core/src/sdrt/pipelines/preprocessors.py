@@ -52,6 +52,8 @@ depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 6
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+revision_clipvision     Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
+revision_ignore_prompt  Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -148,6 +150,9 @@ SPECS: dict[str, Spec] = {
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
+    # no map: the picture's CLIP embedding replaces SDXL's pooled text vector (sdrt.pipelines.revision); low: the
+    # noise augmentation; the model: OpenCLIP ViT-bigG/14
+    **{n: Spec(None, Slider(0.0, 0, 1), models=True) for n in ("revision_clipvision", "revision_ignore_prompt")},
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -222,7 +227,8 @@ def _what(name: str, k: int = 0) -> str:
             "softedge_teed": "TEED's safe steps", "softedge_anyline": "Anyline's safe steps",
             "tile_colorfix": "the colour fix's variation",
             "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k], "reference_only": "the style fidelity",
-            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity"}.get(name, "the gamma correction")
+            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity",
+            "revision_clipvision": "the noise augmentation", "revision_ignore_prompt": "the noise augmentation"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:

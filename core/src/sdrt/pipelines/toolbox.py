@@ -58,6 +58,9 @@ class Toolbox:
     #: every unit in the order given (the infotext numbers them so)
     references: list[Any] = field(default_factory=list)
     units: list[Any] = field(default_factory=list)
+    #: the revision units (``revision_clipvision``, ``revision_ignore_prompt``: sdrt.pipelines.revision), taken out
+    #: of ``controlnets``
+    revisions: list[Any] = field(default_factory=list)
 
     def place(self, unit: Any, k: int) -> int:
         """A unit's place in ``controlnets`` as given (``k``, its place among the ControlNet units, where the run has
@@ -115,6 +118,16 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         if guess and not tb.controlnets:
             raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
                              "have none", where="guess_mode", fix="leave {@guess_mode} out")
+    from .revision import is_revision
+
+    tb.revisions = [u for u in tb.controlnets if is_revision(u)]
+    if tb.revisions:  # sdrt.pipelines.revision: no net, no residuals
+        tb.controlnets = [u for u in tb.controlnets if not is_revision(u)]
+        if guess and not tb.controlnets:
+            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are revision units, which "
+                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
+        for u in tb.revisions:
+            u.guess_mode = False
     rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
     rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
     if not isinstance(rng, str) or rng.lower() not in RNG_SOURCES:
