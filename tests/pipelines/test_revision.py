@@ -139,3 +139,38 @@ def test_refusals_in_one_line(tiny_bigg, tmp_path):
                                                            preprocessor_models=vith)], steps=2, width=64, height=64)
         assert "24-wide image embeds" in exc.value.what and "pooled text vector (text_embeds) is 32" in exc.value.what
         assert exc.value.where == "controlnets[0] preprocessor_models"
+
+
+def test_cli_revision_unit_is_the_apis(tiny_bigg, tmp_path, capsys):
+    """``--control-preprocessor revision_ignore_prompt`` with no --controlnet, the encoder from
+    --control-preprocessor-models (an A1111 root: the extension's layout under it), the noise as --control-threshold-a;
+    an SD 1.x model refused in the flag's words."""
+    import shutil
+
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    case = CASES[1]
+    a1111 = tmp_path / "a1111"
+    (a1111 / "extensions/sd-webui-controlnet/annotator/downloads/clip_vision").mkdir(parents=True)
+    shutil.copy(ENCODER, a1111 / "extensions/sd-webui-controlnet/annotator/downloads/clip_vision/clip_g.pth")
+    Image.fromarray(REFS["image0"]).save(tmp_path / "pic.png")
+    flags = ["--control-image", str(tmp_path / "pic.png"), "--control-preprocessor", "revision_ignore_prompt",
+             "--control-preprocessor-models", str(a1111), "--control-scale", "0.7", "--control-threshold-a", "0.3",
+             "--steps", str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler",
+             "Euler", "--width", "64", "--height", "64", "--backend", "reference"]
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(XL), case["prompt"], "--negative", case["negative_prompt"], *flags, "-o",
+               str(out)])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as im:
+        got = np.asarray(im.convert("RGB"))
+        text = im.text["parameters"]
+    assert_matches_diffusers([got], REFS[case["name"]])
+    assert "Module: revision_ignore_prompt, Model: None, Weight: 0.7" in text and "Threshold A: 0.3" in text
+    capsys.readouterr()
+    rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", *flags, "-o", str(tmp_path / "x.png")])
+    err = capsys.readouterr().err
+    assert rc != 0 and "SD 1.x" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
