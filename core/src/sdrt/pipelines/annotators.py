@@ -95,6 +95,10 @@ ANNOTATORS: dict[str, Files] = {
     **{n: Files(("clip_g.pth",), ("clip_vision",), ("lllyasviel/Annotators",), "OpenCLIP ViT-bigG/14",
                 ("clip_vision_g.safetensors", "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"))
        for n in ("revision_clipvision", "revision_ignore_prompt")},
+    # the T2I-Adapter style adapter's image encoder (sdrt.pipelines.styleadapter): CLIP ViT-L/14, the extension's
+    # clip_vitl.pth (openai/clip-vit-large-patch14's pytorch_model.bin, saved under that name)
+    "t2ia_style_clipvision": Files(("clip_vitl.pth",), ("clip_vision",), ("openai/clip-vit-large-patch14",),
+                                   "CLIP ViT-L/14", ("clip_vision_l.safetensors", "clip-vit-large-patch14.safetensors")),
 }
 
 

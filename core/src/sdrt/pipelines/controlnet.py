@@ -64,6 +64,8 @@ PLANNING: ContextVar[bool] = ContextVar("sdrt_controlnet_planning", default=Fals
 REFERENCE = ("reference_only", "reference_adain", "reference_adain+attn")
 #: the revision modules: no net, the picture's CLIP embedding replaces SDXL's pooled text (sdrt.pipelines.revision)
 REVISION = ("revision_clipvision", "revision_ignore_prompt")
+#: the T2I-Adapter style adapter's module: the net is the adapter (sdrt.pipelines.styleadapter)
+STYLE = "t2ia_style_clipvision"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -303,7 +305,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit.preprocessor_models = unit.pose_models
         unit.pose_models = unit.preprocessor_models
         unit.models_arg = arg
-        if unit.preprocessor in REVISION:  # its image encoder: a transformers folder too (sdrt.pipelines.revision)
+        if unit.preprocessor in (*REVISION, STYLE):  # its image encoder: a transformers folder too (revision)
             from .revision import encoder_path
 
             encoder_path(unit.preprocessor, unit.preprocessor_models, f"{where} {arg}")

@@ -54,6 +54,7 @@ reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -          
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 revision_clipvision     Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
 revision_ignore_prompt  Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
+t2ia_style_clipvision   - (CLIP ViT-L/14 ``clip_vitl.pth``: models)  -                   styleadapter
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -153,6 +154,9 @@ SPECS: dict[str, Spec] = {
     # no map: the picture's CLIP embedding replaces SDXL's pooled text vector (sdrt.pipelines.revision); low: the
     # noise augmentation; the model: OpenCLIP ViT-bigG/14
     **{n: Spec(None, Slider(0.0, 0, 1), models=True) for n in ("revision_clipvision", "revision_ignore_prompt")},
+    # no map: the T2I-Adapter style adapter's tokens of the picture's CLIP ViT-L/14 tokens join the text context
+    # (sdrt.pipelines.styleadapter); the net is the adapter, the model the encoder
+    "t2ia_style_clipvision": Spec(None, models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
