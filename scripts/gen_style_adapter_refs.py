@@ -139,7 +139,7 @@ def main() -> None:
     gp.scale_weights(style, 23)
     g = torch.Generator().manual_seed(29)
     with torch.no_grad():  # scale_weights knows norms by "norm" in the name: CLIP's ln_* get theirs here
-        for name, mod in style.named_modules():
+        for mod in style.modules():
             if isinstance(mod, nn.LayerNorm):
                 mod.weight.copy_(1 + 0.1 * torch.randn(mod.weight.shape, generator=g))
                 mod.bias.copy_(0.1 * torch.randn(mod.bias.shape, generator=g))
