@@ -1,6 +1,7 @@
-"""The extension's Revision units over A1111's API: ``module: revision_clipvision`` / ``revision_ignore_prompt`` with
-``model: "None"``, the image encoder found in the models folder (ComfyUI's ``clip_vision/clip_vision_g.safetensors``),
-the same image as the Python API's unit and within 1 level of the torch reference (tests/pipelines/test_revision.py)."""
+"""The extension's Revision and style adapter units over A1111's API: ``module: revision_clipvision`` /
+``revision_ignore_prompt`` with ``model: "None"``, the image encoder found in the models folder (ComfyUI's
+``clip_vision/clip_vision_g.safetensors``), and ``clip_vision`` (``t2ia_style_clipvision``) with the adapter as the
+model: the same image as the Python API's unit and within 1 level of the torch references."""
 
 from __future__ import annotations
 
@@ -95,5 +96,47 @@ def test_revision_units_run_as_the_python_api(models) -> None:
                                  ControlNet(None, REFS["image0"], 0.7, preprocessor="revision_ignore_prompt", low=0.3,
                                             window="a1111",
                                             preprocessor_models=models / "clip_vision" / "clip_vision_g.safetensors")
+                             ]).images[0]
+    assert np.array_equal(got, want)
+
+
+def test_style_adapter_unit_runs_as_the_python_api(tmp_path, monkeypatch) -> None:
+    """The extension's ``clip_vision`` module (its UI's ``t2ia_style_clipvision``) with the adapter as the unit's
+    model from ``ControlNet/`` and CLIP ViT-L/14 in the models folder's ``clip_vision/``: the Python API's image,
+    within 1 level of the torch reference (tests/pipelines/test_style_adapter.py)."""
+    from sdrt.checkpoint import graphs
+    from sdrt.serve import ServeConfig
+
+    sty = ROOT / "styleadapter"
+    refs = np.load(sty / "refs.npz")
+    case = json.loads((sty / "refs.json").read_text())[0]
+    real = graphs.shipped_graph
+    monkeypatch.setattr(graphs, "shipped_graph",
+                        lambda name: sty / "clip_vision_l.onnx" if name == "clip_vision_l" else real(name))
+    shutil.copytree(ROOT / "pipelines" / "tiny-sd15", tmp_path / "tiny-sd15")
+    (tmp_path / "ControlNet").mkdir()
+    shutil.copy(sty / "t2iadapter_style_tiny.pth", tmp_path / "ControlNet")
+    shutil.copytree(sty / "clip_vision", tmp_path / "clip_vision")
+    unit = {"image": _b64(refs["image0"]), "module": "t2ia_style_clipvision", "model": "t2iadapter_style_tiny",
+            "weight": 1.0}
+    body = dict(prompt=case["prompt"], negative_prompt=case["negative_prompt"], steps=case["steps"], width=64,
+                height=64, seed=case["seed"], sampler_name="Euler", cfg_scale=case["cfg"],
+                alwayson_scripts={"controlnet": {"args": [unit]}})
+    with live_server(ServeConfig(models=tmp_path, backend="openvino")) as url:
+        r = requests.post(f"{url}/sdapi/v1/txt2img", json=body, timeout=300)
+        assert r.status_code == 200, r.text
+        got = _rgb(r.json()["images"][0])
+        info = json.loads(r.json()["info"])
+        assert 'ControlNet 0: "Module: t2ia_style_clipvision, Model: t2iadapter_style_tiny, Weight: 1' in \
+            info["infotexts"][0]
+        plain = requests.get(f"{url}/controlnet/module_list", timeout=60).json()
+        assert "clip_vision" in plain["module_list"] and plain["module_detail"]["clip_vision"]["model_free"] is False
+    assert_matches_diffusers([got], refs[case["name"]])
+    with pipelines.load(tmp_path / "tiny-sd15", backend="openvino") as pipe:
+        want = pipe.generate(case["prompt"], case["negative_prompt"], steps=case["steps"], width=64, height=64,
+                             seed=case["seed"], sampler="Euler", cfg=case["cfg"], controlnets=[
+                                 ControlNet(tmp_path / "ControlNet" / "t2iadapter_style_tiny.pth", refs["image0"], 1.0,
+                                            preprocessor="t2ia_style_clipvision", window="a1111",
+                                            preprocessor_models=tmp_path / "clip_vision" / "clip_vitl.pth")
                              ]).images[0]
     assert np.array_equal(got, want)

@@ -67,6 +67,10 @@ MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
 REVISION = ("revision_clipvision", "revision_ignore_prompt")
 MODEL_FREE += REVISION
 MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
+#: the extension's "clip_vision" (its UI's t2ia_style_clipvision): TencentARC's style adapter, the unit's model
+#: (t2iadapter_style_sd14v1 in ControlNet/), its CLIP ViT-L/14 found as the annotators' files (sdrt.pipelines.styleadapter)
+MODULES["clip_vision"] = "t2ia_style_clipvision"
+ALIASES["clip_vision"] = "t2ia_style_clipvision"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -113,6 +117,7 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
     **{m: [None, {"name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0,
                   "step": 0.01}] for m in ("reference_only", "reference_adain", "reference_adain+attn")},
     **{m: [None, {"name": "Noise Augmentation", "value": 0.0, "min": 0.0, "max": 1.0}] for m in REVISION},
+    "clip_vision": [],  # no sliders (its resolution hidden)
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -135,9 +140,7 @@ _NEEDS = (("lama", "the LaMa model, which fills the mask first (inpaint_only is 
                          "/ ip-adapter_clip_g)"),
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
-          ("instant_id", "InstantID's face models"),
-          ("clip_vision", "the T2I-Adapter style adapter (CLIP ViT-L/14 vision tokens; sdrt runs "
-                          "revision_clipvision and revision_ignore_prompt on SDXL)"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
+          ("instant_id", "InstantID's face models"), ("t2ia", "T2I-Adapters"), ("pulid", "PuLID's face models"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
@@ -595,7 +598,7 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
             notes.append(f"{f(guess_key)}: true ran as {CONTROL_MODES[2]!r}, as the extension turned guess mode into "
                          f"it; {f('control_mode')} {CONTROL_MODES[mode]!r} was not used")
         mode = 2
-    if pre in REVISION and mode != 0:  # the extension's no_control_mode: it adds no residuals to scale
+    if (pre in REVISION or pre == "t2ia_style_clipvision") and mode != 0:  # the extension's no_control_mode
         notes.append(f"{f('control_mode')}: {pre} has no control mode (the extension reads none); "
                      f"{CONTROL_MODES[mode]!r} was not used")
         mode = 0
@@ -682,7 +685,7 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     if images is not None and not isinstance(images, list):
         raise ApiError(422, f"{key} must be a list of base64 images", field=key)
     pre = module(body.get("controlnet_module", "none"), "controlnet_module")
-    if pre in REVISION:  # the extension's returns_image False: a CLIP embedding, no map to send back
+    if pre in REVISION or pre == "t2ia_style_clipvision":  # returns_image False: a CLIP output, no map
         raise ApiError(400, f"controlnet_module: {pre} makes no control map (the picture's CLIP embedding conditions "
                             "the UNet itself); send it in a txt2img/img2img unit", field="controlnet_module")
     if not images:
