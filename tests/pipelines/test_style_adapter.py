@@ -80,3 +80,27 @@ def test_refusals_in_one_line(tiny_vitl):
     assert "SDXL" in exc.value.what and exc.value.where == "controlnets[0]"
     with pytest.raises(InputError, match="clip_vitl.pth"):
         pipelines.controlnet.parse_units([ControlNet(ADAPTER, REFS["image0"], preprocessor="t2ia_style_clipvision")])
+
+
+def test_cli_style_unit_is_the_apis(tiny_vitl, tmp_path, capsys):
+    """``--controlnet ADAPTER.pth --control-preprocessor t2ia_style_clipvision --control-preprocessor-models DIR``:
+    the reference's picture, the extension's infotext."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    case = CASES[0]
+    Image.fromarray(REFS["image0"]).save(tmp_path / "pic.png")
+    out = tmp_path / "out.png"
+    rc = main(["generate", str(SD15), case["prompt"], "--negative", case["negative_prompt"], "--controlnet",
+               str(ADAPTER), "--control-image", str(tmp_path / "pic.png"), "--control-preprocessor",
+               "t2ia_style_clipvision", "--control-preprocessor-models", str(STY / "clip_vision"), "--steps",
+               str(case["steps"]), "--cfg", str(case["cfg"]), "--seed", str(case["seed"]), "--sampler", "Euler",
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out)])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as im:
+        got = np.asarray(im.convert("RGB"))
+        text = im.text["parameters"]
+    assert_matches_diffusers([got], REFS[case["name"]])
+    assert "Module: t2ia_style_clipvision, Model: t2iadapter_style_tiny" in text
