@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "find", "layouts", "need"]
+__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "encoder_path", "find", "layouts", "need"]
 
 
 @dataclass(frozen=True)
@@ -205,3 +205,13 @@ def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: 
                      f"{', '.join(str(p) for p in looked[:4])} and {len(looked) - 4} more)", where=where,
                      fix=f"download {it} ({source}) into one of those folders, or pass the file"
                          + ("s" if len(files.names) > 1 else ""))
+
+
+def encoder_path(name: str, models: Any, where: str) -> Path:
+    """The image encoder a revision or style adapter unit's ``preprocessor_models`` names: a transformers folder
+    (``config.json`` beside its weights, h94's ``sdxl_models/image_encoder``), else the file found as the annotators'
+    are (the file, or a folder in the extension's or ComfyUI's layout)."""
+    if isinstance(models, (str, os.PathLike)) and os.fspath(models) and Path(models).is_dir() \
+            and (Path(models) / "config.json").is_file():
+        return Path(models)
+    return find(name, models, where)[0]

@@ -306,7 +306,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         unit.pose_models = unit.preprocessor_models
         unit.models_arg = arg
         if unit.preprocessor in (*REVISION, STYLE):  # its image encoder: a transformers folder too (revision)
-            from .revision import encoder_path
+            from .annotators import encoder_path
 
             encoder_path(unit.preprocessor, unit.preprocessor_models, f"{where} {arg}")
         elif unit.preprocessor in WITH_MODELS:

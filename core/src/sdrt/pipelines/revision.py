@@ -106,22 +106,9 @@ class Prepared:
         self.units, self.embeds, self.zero_context = units, embeds, zero_context
 
 
-def encoder_path(name: str, models: Any, where: str) -> Path:
-    """The image encoder a revision unit's ``preprocessor_models`` names: a transformers folder (``config.json``
-    beside its weights, h94's ``sdxl_models/image_encoder``), else the file found as the annotators' are (the file,
-    or a folder in the extension's or ComfyUI's layout: :mod:`sdrt.pipelines.annotators`)."""
-    import os
-
-    from .annotators import find
-
-    if isinstance(models, (str, os.PathLike)) and os.fspath(models) and Path(models).is_dir() \
-            and (Path(models) / "config.json").is_file():
-        return Path(models)
-    return find(name, models, where)[0]
-
-
 def _encoder(pipe: Any, unit: ControlNet, where: str) -> Any:
     from ..checkpoint.ipadapter import open_image_encoder
+    from .annotators import encoder_path
 
     arg = f"{where} {unit.models_arg}"
     path = encoder_path(unit.preprocessor, unit.preprocessor_models, arg)

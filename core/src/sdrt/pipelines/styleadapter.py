@@ -143,9 +143,10 @@ class Prepared:
 def prepare(pipe: Any, units: list[ControlNet], names: list[str]) -> Prepared:
     """Each unit's adapter tokens of its picture (module doc, steps 1-2), once a job."""
     from ..checkpoint.ipadapter import open_image_encoder
+    from .annotators import encoder_path
     from .images import to_rgb
     from .ipadapter import encoder_key
-    from .revision import _run, encoder_path, pixels
+    from .revision import _run, pixels
 
     own = pipe.__dict__.setdefault("_style_encoders", {})
     width = pipe.denoiser.inputs[pipe.family.text_input].shape[-1]
