@@ -41,6 +41,9 @@ CASES = [
          sampler="Euler", units=[dict(weight=1.0, image=0)]),
     dict(name="style/two/window", prompt="a photo of a red cat", negative_prompt="", steps=4, cfg=6.0, seed=72,
          sampler="Euler", units=[dict(weight=1.5, image=1, start=0.0, end=0.3), dict(weight=0.8, image=0)]),
+    # with tiny-sd15-controlnet's ControlNet (gen_controlnet_refs' seed): the net reads the lengthened context
+    dict(name="style+controlnet", prompt="a photo of a red cat", negative_prompt="blurry", steps=3, cfg=7.0, seed=73,
+         sampler="Euler", units=[dict(weight=1.0, image=0)], control_scale=0.8),
 ]
 
 
@@ -91,7 +94,7 @@ def hidden_of(enc, rgb: np.ndarray) -> torch.Tensor:
         return enc(pixel_values=px["pixel_values"]).last_hidden_state
 
 
-def run(pipe, enc, style, case: dict, images: list[np.ndarray]) -> np.ndarray:
+def run(pipe, enc, style, case: dict, images: list[np.ndarray], net=None, edges=None) -> np.ndarray:
     n = case["steps"]
     with torch.no_grad():
         pe, npe = pipe.encode_prompt(case["prompt"], "cpu", 1, True, case["negative_prompt"] or None)
@@ -110,10 +113,19 @@ def run(pipe, enc, style, case: dict, images: list[np.ndarray]) -> np.ndarray:
     def step_end(p, i, t, kw):
         return {"prompt_embeds": tensors(i + 1)}
 
+    from PIL import Image
+
     sched = gp.SCHEDULERS[case["sampler"]](pipe.scheduler.config)
-    p = type(pipe)(**{**pipe.components, "scheduler": sched})
+    extra = {}
+    if net is not None:
+        from diffusers import StableDiffusionControlNetPipeline
+
+        p = StableDiffusionControlNetPipeline(**{**pipe.components, "scheduler": sched}, controlnet=net)
+        extra = dict(image=Image.fromarray(edges), controlnet_conditioning_scale=case["control_scale"])
+    else:
+        p = type(pipe)(**{**pipe.components, "scheduler": sched})
     p.set_progress_bar_config(disable=True)
-    out = p(prompt_embeds=ctx0[1:], negative_prompt_embeds=ctx0[:1], num_inference_steps=n,
+    out = p(**extra, prompt_embeds=ctx0[1:], negative_prompt_embeds=ctx0[:1], num_inference_steps=n,
             guidance_scale=case["cfg"], height=64, width=64, generator=torch.Generator("cpu").manual_seed(case["seed"]),
             output_type="np", callback_on_step_end=step_end, callback_on_step_end_tensor_inputs=["prompt_embeds"])
     return (out.images * 255).round().astype(np.uint8)
@@ -134,6 +146,9 @@ def main() -> None:
     proto, _ = msg.weight_free(prog, "clip_vision_l_tiny", "scripts/gen_style_adapter_refs.py VISION")
     (OUT / "clip_vision_l.onnx").write_bytes(proto.SerializeToString())
     pipe = gp.build("sd15")
+    import gen_controlnet_refs as gc
+
+    net = gc.make_controlnet(pipe.unet, 40 + gc.CONTROLNETS.index("controlnet"))  # tiny-sd15-controlnet's
     torch.manual_seed(9)
     style = Style(VISION["hidden_size"], pipe.unet.config.cross_attention_dim).eval()
     gp.scale_weights(style, 23)
@@ -150,8 +165,10 @@ def main() -> None:
     with torch.no_grad():
         refs["hidden0"] = hidden_of(enc, images[0]).numpy()
         refs["tokens0"] = style(hidden_of(enc, images[0])).numpy()
+    refs["edges"] = gc.control_edges()
     for case in CASES:
-        refs[case["name"]] = run(pipe, enc, style, case, images)
+        cn = "control_scale" in case
+        refs[case["name"]] = run(pipe, enc, style, case, images, net if cn else None, refs["edges"] if cn else None)
         print(case["name"], float(refs[case["name"]].std()), flush=True)
     np.savez_compressed(OUT / "refs.npz", **refs)
     (OUT / "refs.json").write_text(json.dumps(CASES, indent=1) + "\n")

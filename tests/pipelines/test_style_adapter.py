@@ -20,7 +20,9 @@ from sdrt.pipelines import ControlNet
 
 STY = DATA.parent / "styleadapter"
 REFS = np.load(STY / "refs.npz")
-CASES = json.loads((STY / "refs.json").read_text())
+ALL = json.loads((STY / "refs.json").read_text())
+CASES = [c for c in ALL if "control_scale" not in c]
+CN_CASES = [c for c in ALL if "control_scale" in c]
 SD15 = DATA / "tiny-sd15"
 ADAPTER = STY / "t2iadapter_style_tiny.pth"
 ENCODER = STY / "clip_vision" / "clip_vitl.pth"
@@ -70,6 +72,18 @@ def test_style_adapter_matches_the_extensions_algorithm(tiny_vitl, backend):
             info = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case),
                                  **kwargs(case)).settings[0]
             assert "Module: t2ia_style_clipvision, Model: t2iadapter_style_tiny, Weight: 1," in info["ControlNet 0"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino"])
+def test_style_adapter_with_a_controlnet_which_reads_the_lengthened_context(tiny_vitl, backend):
+    """tiny-sd15-controlnet's net beside the style unit: the net reads the context with the adapter's tokens, as the
+    extension's (and diffusers' ControlNet pipeline given the lengthened prompt_embeds)."""
+    register(backend)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=backend) as pipe:
+        for case in CN_CASES:
+            got = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+                *units(case), ControlNet("controlnet", REFS["edges"], case["control_scale"])], **kwargs(case)).images
+            assert_matches_diffusers(got, REFS[case["name"]])
 
 
 def test_refusals_in_one_line(tiny_vitl):
