@@ -56,6 +56,11 @@ CASES = [
                                       end=0.5)]),
     dict(name="empty-prompts", prompt="", negative_prompt="", steps=3, cfg=6.0, seed=64, sampler="Euler",
          units=[dict(module="revision_clipvision", weight=1.0, noise=0.0, image=1)]),
+    # with tiny-sdxl-controlnet's ControlNet (gen_controlnet_refs' seed): the net reads the changed text_embeds and
+    # the zeroed context, as the extension's (revision's change comes before its ControlNets)
+    dict(name="ignore+controlnet", prompt="a photo of a red cat", negative_prompt="blurry", steps=3, cfg=6.0,
+         seed=65, sampler="Euler", units=[dict(module="revision_ignore_prompt", weight=1.0, noise=0.0, image=0)],
+         control_scale=0.8),
 ]
 
 
@@ -91,7 +96,7 @@ def q_sample(x: torch.Tensor, noise_aug: float, noise: torch.Tensor) -> torch.Te
     return sa[k] * x + s1[k] * noise
 
 
-def run(pipe, enc, case: dict, images: list[np.ndarray]) -> np.ndarray:
+def run(pipe, enc, case: dict, images: list[np.ndarray], net=None, edges=None) -> np.ndarray:
     n = case["steps"]
     with torch.no_grad():
         pe, npe, pooled, npooled = pipe.encode_prompt(case["prompt"], device="cpu", num_images_per_prompt=1,
@@ -124,10 +129,19 @@ def run(pipe, enc, case: dict, images: list[np.ndarray]) -> np.ndarray:
         ctx, y = tensors(i + 1)
         return {"prompt_embeds": ctx, "add_text_embeds": y}
 
+    from PIL import Image
+
     sched = gp.SCHEDULERS[case["sampler"]](pipe.scheduler.config)
-    p = type(pipe)(**{**pipe.components, "scheduler": sched})
+    extra = {}
+    if net is not None:
+        from diffusers import StableDiffusionXLControlNetPipeline
+
+        p = StableDiffusionXLControlNetPipeline(**{**pipe.components, "scheduler": sched}, controlnet=net)
+        extra = dict(image=Image.fromarray(edges), controlnet_conditioning_scale=case["control_scale"])
+    else:
+        p = type(pipe)(**{**pipe.components, "scheduler": sched})
     p.set_progress_bar_config(disable=True)
-    out = p(prompt_embeds=ctx0[1:], negative_prompt_embeds=ctx0[:1], pooled_prompt_embeds=y0[1:],
+    out = p(**extra, prompt_embeds=ctx0[1:], negative_prompt_embeds=ctx0[:1], pooled_prompt_embeds=y0[1:],
             negative_pooled_prompt_embeds=y0[:1], num_inference_steps=n, guidance_scale=case["cfg"], height=64,
             width=64, generator=torch.Generator("cpu").manual_seed(case["seed"]), output_type="np",
             callback_on_step_end=step_end, callback_on_step_end_tensor_inputs=["prompt_embeds", "add_text_embeds"])
@@ -172,8 +186,13 @@ def main() -> None:
     refs: dict[str, np.ndarray] = {f"image{k}": im for k, im in enumerate(images)}
     refs["embeds0"] = embeds(enc, images[0]).numpy()
     xl = gp.build("sdxl")
+    import gen_controlnet_refs as gc
+
+    net = gc.make_controlnet(xl.unet, 40 + gc.CONTROLNETS.index("controlnet"))  # tiny-sdxl-controlnet's
+    refs["edges"] = gc.control_edges()
     for case in CASES:
-        refs[case["name"]] = run(xl, enc, case, images)
+        cn = "control_scale" in case
+        refs[case["name"]] = run(xl, enc, case, images, net if cn else None, refs["edges"] if cn else None)
         print(case["name"], float(refs[case["name"]].std()), flush=True)
     np.savez_compressed(OUT / "refs.npz", **refs)
     (OUT / "refs.json").write_text(json.dumps(CASES, indent=1) + "\n")

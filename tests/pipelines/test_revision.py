@@ -20,7 +20,9 @@ from sdrt.pipelines import ControlNet
 
 REV = DATA.parent / "revision"
 REFS = np.load(REV / "refs.npz")
-CASES = json.loads((REV / "refs.json").read_text())
+ALL = json.loads((REV / "refs.json").read_text())
+CASES = [c for c in ALL if "control_scale" not in c]
+CN_CASES = [c for c in ALL if "control_scale" in c]
 XL = DATA / "tiny-sdxl"
 ENCODER = REV / "clip_vision" / "clip_g.pth"
 
@@ -80,6 +82,18 @@ def test_revision_matches_the_extensions_algorithm(tiny_bigg, backend):
             info = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case),
                                  **kwargs(case)).settings[0]
             assert "Module: revision_clipvision, Model: None, Weight: 1," in info["ControlNet 0"]
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino"])
+def test_revision_with_a_controlnet_which_reads_what_it_changed(tiny_bigg, backend):
+    """tiny-sdxl-controlnet's net beside a revision_ignore_prompt unit: the net reads the changed text_embeds and the
+    zeroed context (the extension changes them before its ControlNets run)."""
+    register(backend)
+    with pipelines.load(DATA / "tiny-sdxl-controlnet", backend=backend) as pipe:
+        for case in CN_CASES:
+            got = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+                *units(case), ControlNet("controlnet", REFS["edges"], case["control_scale"])], **kwargs(case)).images
+            assert_matches_diffusers(got, REFS[case["name"]])
 
 
 def test_encoder_layouts_comfyui_file_and_transformers_folder(tiny_bigg, tmp_path):
