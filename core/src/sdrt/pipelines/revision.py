@@ -130,14 +130,13 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str], seed: int, pro
     """Encode each unit's picture (one encoder call per distinct encoder) and noise it (module doc, steps 1-2)."""
     from ..samplers import TorchGenerator
     from .images import to_rgb
+    from .ipadapter import encoder_key
 
     embeds: list[np.ndarray | None] = [None] * len(units)
     groups: dict[Any, list[int]] = {}
     encs = {}
     for j, unit in enumerate(units):
         enc = _encoder(pipe, unit, names[j])
-        from .ipadapter import encoder_key
-
         key = encoder_key(enc)
         encs[key] = enc
         groups.setdefault(key, []).append(j)
@@ -146,7 +145,7 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str], seed: int, pro
         enc = encs[key]
         rows = [pixels(to_rgb(units[j].image, "revision image", names[j]), enc.image_size) for j in js]
         name = "revision_encoder" if g == 0 else f"revision_encoder_{g + 1}"
-        out = _run(pipe, own, key, enc, np.concatenate(rows), name)
+        out = run_encoder(pipe, own, key, enc, np.concatenate(rows), name)
         got = np.asarray(out["image_embeds"] if "image_embeds" in out else next(iter(out.values())), np.float32)
         for r, j in enumerate(js):
             embeds[j] = got[r:r + 1]
@@ -171,7 +170,9 @@ def _empty(text: Any) -> bool:
     return all(_empty(t) for t in text) if isinstance(text, (list, tuple)) else False
 
 
-def _run(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name: str) -> dict[str, Any]:
+def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name: str) -> dict[str, Any]:
+    """The image encoder ``enc`` on ``rows`` as the pipeline's part ``name``, kept in ``own`` by ``key`` (a dry run:
+    its call recorded on a twin, zeros back); released after its one call a job in low-memory mode."""
     from .parts import Part
 
     if pipe._dry:

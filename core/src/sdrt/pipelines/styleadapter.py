@@ -146,7 +146,7 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str]) -> Prepared:
     from .annotators import encoder_path
     from .images import to_rgb
     from .ipadapter import encoder_key
-    from .revision import _run, pixels
+    from .revision import pixels, run_encoder
 
     own = pipe.__dict__.setdefault("_style_encoders", {})
     width = pipe.denoiser.inputs[pipe.family.text_input].shape[-1]
@@ -169,7 +169,7 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str]) -> Prepared:
                              f"reads {ad.width}-wide ones", where=arg, fix="pass CLIP ViT-L/14 (clip_vitl.pth)")
         key = encoder_key(enc)
         used.add(key)
-        out = _run(pipe, own, key, enc, pixels(to_rgb(unit.image, "style image", where), enc.image_size),
+        out = run_encoder(pipe, own, key, enc, pixels(to_rgb(unit.image, "style image", where), enc.image_size),
                    "style_encoder")
         hidden = np.asarray(out["last_hidden_state"] if "last_hidden_state" in out else list(out.values())[-1],
                             np.float32)
