@@ -556,6 +556,31 @@ SPECS["clip_vision_g"] = Spec("clip_vision_g", build_clip_vision, CLIP_VISION_G,
                               lambda c: {"pixel_values": {0: B}},
                               dict(num_hidden_layers=2), "h94/IP-Adapter sdxl_models/image_encoder/config.json")
 
+# openai/clip-vit-large-patch14 config.json's vision_config (sd-webui-controlnet's config_clip_vitl): the encoder of
+# TencentARC's T2I-Adapter style adapter (t2iadapter_style_sd14v1), which reads its last_hidden_state (all tokens,
+# before post_layernorm)
+CLIP_VISION_L = dict(hidden_size=1024, intermediate_size=4096, num_attention_heads=16, num_hidden_layers=24,
+                     image_size=224, patch_size=14, projection_dim=768, hidden_act="quick_gelu", layer_norm_eps=1e-5,
+                     num_channels=3)
+
+
+def build_clip_vision_last(cfg: dict) -> torch.nn.Module:
+    """transformers' CLIPVisionModelWithProjection as ``pixel_values -> image_embeds, last_hidden_state``."""
+    from transformers import CLIPVisionConfig, CLIPVisionModelWithProjection
+
+    def forward(self, pixel_values):
+        out = _base(self).forward(self, pixel_values=pixel_values, return_dict=True)
+        return out.image_embeds, out.last_hidden_state
+
+    m = CLIPVisionModelWithProjection(CLIPVisionConfig(**cfg, attn_implementation="eager")).eval()
+    return _with_forward(m, forward)
+
+
+SPECS["clip_vision_l"] = Spec("clip_vision_l", build_clip_vision_last, CLIP_VISION_L, clip_vision_inputs,
+                              lambda c: ["image_embeds", "last_hidden_state"],
+                              lambda c: {"pixel_values": {0: B}},
+                              dict(num_hidden_layers=2), "openai/clip-vit-large-patch14/config.json vision_config")
+
 
 # ControlNets (issue 36: a ControlNet .safetensors bound onto a shipped graph) ------------------
 # lllyasviel/control_v11p_sd15_canny config.json: the SD 1.5 UNet's encoder, a 3-channel hint

@@ -328,12 +328,14 @@ def test_controlnet_routes(cn_server) -> None:
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "pidinet_sketch", "animal_openpose", "instant_id_face_keypoints", "inpaint", "inpaint_only", "inpaint_only+lama", "tile_colorfix",
                                     "tile_colorfix+sharp", "depth_leres", "depth_leres++", "depth_zoe", "reference_only",
-                                    "reference_adain", "reference_adain+attn"]
+                                    "reference_adain", "reference_adain+attn", "revision_clipvision",
+                                    "revision_ignore_prompt", "clip_vision"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
     assert "invert (from white bg & black line)" in aliased["module_list"]
     assert "inpaint_global_harmonious" in aliased["module_list"] and "inpaint_only" in aliased["module_list"]
+    assert "t2ia_style_clipvision" in aliased["module_list"] and "clip_vision" not in aliased["module_list"]
     assert get("/controlnet/module_list?alias_names=maybe").status_code == 422
     assert get("/controlnet/settings").json() == {"control_net_unit_count": 8}
     assert get("/sdapi/v1/scripts").json()["txt2img"] == ["controlnet", "forge fluxkontext"]

@@ -454,8 +454,8 @@ def kind_for(reads: str, width: int) -> EncoderKind | None:
     return next((k for k in ENCODER_KINDS if (k.embeds if reads == "image embeds" else k.hidden) == width), None)
 
 
-def _known() -> str:
-    return " or ".join(f"{k.label} ({k.hidden} wide, {k.layers} layers)" for k in ENCODER_KINDS)
+def _known(kinds: tuple[EncoderKind, ...] | None = None) -> str:
+    return " or ".join(f"{k.label} ({k.hidden} wide, {k.layers} layers)" for k in (kinds or ENCODER_KINDS))
 
 
 #: OpenCLIP's visual tower names -> transformers' (``vision_model.`` + these; the rest below)
@@ -516,13 +516,16 @@ def openclip_vision(w: Weights, shapes: Mapping[str, tuple[int, ...]]) -> dict[s
     return out
 
 
-def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageEncoder:
+def open_image_encoder(path: PathLike, *, what: str = "image_encoder",
+                       kinds: tuple[EncoderKind, ...] | None = None) -> ImageEncoder:
     """h94/IP-Adapter's ``models/image_encoder/`` (ViT-H/14) or ``sdxl_models/image_encoder/`` (ViT-bigG/14):
     transformers' ``config.json`` + ``model.safetensors``, bound onto the shipped graph of the size its config says;
     its ``model.safetensors`` alone (next to its ``config.json``, or without one, as ComfyUI's ``clip_vision/`` holds
     it: the size read from its tensors; in transformers' layout or OpenCLIP's, :func:`openclip_vision`), or a folder
     holding ``model.onnx`` (``pixel_values`` -> ``image_embeds``,
-    with a ``config.json`` giving ``image_size``)."""
+    with a ``config.json`` giving ``image_size``). ``kinds``: the shipped encoders it may bind onto (None: the
+    IP-Adapters', :data:`ENCODER_KINDS`)."""
+    kinds = ENCODER_KINDS if kinds is None else kinds
     p = Path(path)
     folder = p if p.is_dir() else p.parent
     if not p.exists():
@@ -586,9 +589,8 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
     from ..graph import Graph
     from .graphs import shipped_graph
 
-    kind = next((k for k in ENCODER_KINDS if _graph_dims(shipped_graph(k.graph)) == said), None)
-    near = kind or next((k for k in ENCODER_KINDS if _graph_dims(shipped_graph(k.graph))[0] == said[0]),
-                        ENCODER_KINDS[0])
+    kind = next((k for k in kinds if _graph_dims(shipped_graph(k.graph)) == said), None)
+    near = kind or next((k for k in kinds if _graph_dims(shipped_graph(k.graph))[0] == said[0]), kinds[0])
     gpath = shipped_graph(near.graph)
     graph = Graph.load(gpath)
     names = set(graph.external_refs)  # the weights it needs (its own constants are inline)
@@ -596,7 +598,7 @@ def open_image_encoder(path: PathLike, *, what: str = "image_encoder") -> ImageE
     wrong = [k for k in sorted(names) if k not in shapes or tuple(shapes[k]) != gshapes.get(k)]
     if kind is None or wrong:
         first = f"; against {near.label}'s graph, first differing tensor: {wrong[0]}" if wrong else ""
-        raise ModelError(f"{st.name} is a CLIP image encoder of another size than {_known()}: {said[0]} wide, "
+        raise ModelError(f"{st.name} is a CLIP image encoder of another size than {_known(kinds)}: {said[0]} wide, "
                          f"{said[1]} layers, {embed}-wide image_embeds{first}", where=str(st),
                          fix=f"pass {{@{what}}} h94/IP-Adapter's models/image_encoder (ViT-H/14) or "
                              "sdxl_models/image_encoder (ViT-bigG/14), or export this encoder to a folder holding "

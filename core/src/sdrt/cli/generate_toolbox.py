@@ -52,7 +52,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "preprocessors at their default sliders: " + ", ".join(PREPROCESSORS) + " (none); "
                    "the ones that run a model (" + ", ".join(WITH_MODELS) + ") read --control-preprocessor-models; "
                    "reference_only, reference_adain, reference_adain+attn make no map and need no --controlnet: the "
-                   "picture guides the UNet itself (--control-threshold-a: the style fidelity)")
+                   "picture guides the UNet itself (--control-threshold-a: the style fidelity); so do SDXL's "
+                   "revision_clipvision and revision_ignore_prompt (the picture's CLIP embedding for the pooled "
+                   "prompt; --control-preprocessor-models: OpenCLIP ViT-bigG/14, clip_g.pth or "
+                   "clip_vision_g.safetensors; --control-threshold-a: the noise augmentation)")
     g.add_argument("--control-preprocessor-models", action="append", default=[], metavar="PATH",
                    help="the model files of a preprocessor that runs one: the folder holding them (dw_openpose_full: "
                         "yolox_l.onnx and dw-ll_ucoco_384.onnx; animal_openpose: yolox_l.onnx and "
@@ -350,9 +353,10 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         pres = _per_unit(args.control_preprocessor, n, "--control-preprocessor")
         if not args.controlnet:  # a reference unit (reference_only, ...) reads no net: the folder's own go to the others
             from ..pipelines.refattn import MODULES as REFERENCE
+            from ..pipelines.revision import MODULES as REVISION
 
             own = iter(["controlnet"] + [f"controlnet_{i + 1}" for i in range(1, n)])
-            nets = [None if pre in REFERENCE else next(own) for pre in pres]
+            nets = [None if pre in REFERENCE + REVISION else next(own) for pre in pres]
         lows = _per_unit(args.control_threshold_a, n, "--control-threshold-a")
         highs = _per_unit(args.control_threshold_b, n, "--control-threshold-b")
         from ..pipelines.inpaintcn import ALIASES

@@ -16,7 +16,7 @@ from typing import Any
 
 from ..errors import InputError
 
-__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "find", "layouts", "need"]
+__all__ = ["ANNOTATORS", "OLD_FOLDERS", "Files", "encoder_path", "find", "layouts", "need"]
 
 
 @dataclass(frozen=True)
@@ -96,6 +96,16 @@ ANNOTATORS: dict[str, Files] = {
                            apart=((), ())),
     # LaMa (big-lama) for inpaint_only+lama: the extension's annotator/downloads/lama (Forge: ControlNetPreprocessor)
     "inpaint_only+lama": Files(("ControlNetLama.pth",), ("lama",), ("lllyasviel/Annotators",), "LaMa's"),
+    # Revision's image encoder (sdrt.pipelines.revision): OpenCLIP ViT-bigG/14 as transformers'
+    # CLIPVisionModelWithProjection; the extension's clip_g.pth, ComfyUI's clip_vision/ file (stabilityai's
+    # control-lora revision/clip_vision_g.safetensors, or laion's CLIP-ViT-bigG-14 one)
+    **{n: Files(("clip_g.pth",), ("clip_vision",), ("lllyasviel/Annotators",), "OpenCLIP ViT-bigG/14",
+                ("clip_vision_g.safetensors", "CLIP-ViT-bigG-14-laion2B-39B-b160k.safetensors"))
+       for n in ("revision_clipvision", "revision_ignore_prompt")},
+    # the T2I-Adapter style adapter's image encoder (sdrt.pipelines.styleadapter): CLIP ViT-L/14, the extension's
+    # clip_vitl.pth (openai/clip-vit-large-patch14's pytorch_model.bin, saved under that name)
+    "t2ia_style_clipvision": Files(("clip_vitl.pth",), ("clip_vision",), ("openai/clip-vit-large-patch14",),
+                                   "CLIP ViT-L/14", ("clip_vision_l.safetensors", "clip-vit-large-patch14.safetensors")),
 }
 
 
@@ -202,3 +212,13 @@ def _missing(name: str, base: Path, looked: Sequence[Path], where: str, source: 
                      f"{', '.join(str(p) for p in looked[:4])} and {len(looked) - 4} more)", where=where,
                      fix=f"download {it} ({source}) into one of those folders, or pass the file"
                          + ("s" if len(files.names) > 1 else ""))
+
+
+def encoder_path(name: str, models: Any, where: str) -> Path:
+    """The image encoder a revision or style adapter unit's ``preprocessor_models`` names: a transformers folder
+    (``config.json`` beside its weights, h94's ``sdxl_models/image_encoder``), else the file found as the annotators'
+    are (the file, or a folder in the extension's or ComfyUI's layout)."""
+    if isinstance(models, (str, os.PathLike)) and os.fspath(models) and Path(models).is_dir() \
+            and (Path(models) / "config.json").is_file():
+        return Path(models)
+    return find(name, models, where)[0]

@@ -62,6 +62,10 @@ COLORFIX_NAMES = ("tile_colorfix", "tile_colorfix+sharp")  #: sdrt.pipelines.col
 PLANNING: ContextVar[bool] = ContextVar("sdrt_controlnet_planning", default=False)
 #: the reference modules: no net, the picture guides the UNet itself (sdrt.pipelines.refattn)
 REFERENCE = ("reference_only", "reference_adain", "reference_adain+attn")
+#: the revision modules: no net, the picture's CLIP embedding replaces SDXL's pooled text (sdrt.pipelines.revision)
+REVISION = ("revision_clipvision", "revision_ignore_prompt")
+#: the T2I-Adapter style adapter's module: the net is the adapter (sdrt.pipelines.styleadapter)
+STYLE = "t2ia_style_clipvision"
 
 if TYPE_CHECKING:  # pragma: no cover
     from .parts import Part
@@ -342,7 +346,11 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
             unit.preprocessor_models = unit.pose_models
         unit.pose_models = unit.preprocessor_models
         unit.models_arg = arg
-        if unit.preprocessor in WITH_MODELS:
+        if unit.preprocessor in (*REVISION, STYLE):  # its image encoder: a transformers folder too (revision)
+            from .annotators import encoder_path
+
+            encoder_path(unit.preprocessor, unit.preprocessor_models, f"{where} {arg}")
+        elif unit.preprocessor in WITH_MODELS:
             from .preprocessors import model_files
 
             model_files(unit.preprocessor, unit.preprocessor_models, f"{where} {arg}")
@@ -383,7 +391,7 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         # each preprocessor's thresholds against its sliders (sdrt.pipelines.preprocessors.SPECS): a level it cannot
         # use, or one it does not read (none, invert), is refused now rather than at the first step or silently
         unit.low, unit.high = check_thresholds(unit.preprocessor, unit.low, unit.high, where)
-        if unit.preprocessor in REFERENCE:  # no model: the extension's model "None" (the picture guides the UNet itself)
+        if unit.preprocessor in REFERENCE + REVISION:  # no model: the extension's model "None"
             if unit.net not in (None, "None", "none", ""):
                 raise InputError(f"{where}: {unit.preprocessor} uses no ControlNet model, and {unit.net!s:.60} was "
                                  "given", where=where, fix="pass the net as None")

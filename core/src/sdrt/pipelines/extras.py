@@ -240,6 +240,18 @@ class ToolboxMixin:
         if units and family not in ipa.FAMILIES:
             raise InputError(f"IP-Adapter is not supported for {self.family.label}",  # type: ignore[attr-defined]
                              where="ip_adapter", fix="use an SD 1.x, SD 2.x or SDXL model, or leave {@ip_adapter} out")
+        revs = s.toolbox.revisions
+        if revs:  # revision (sdrt.pipelines.revision): SDXL only, said before anything runs
+            from . import revision
+
+            slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
+            revision.check(self, revs, [f"controlnets[{slots[id(u)]}]" for u in revs])
+        styles = s.toolbox.styles
+        if styles:  # the T2I-Adapter style adapter (sdrt.pipelines.styleadapter): SD 1.x only
+            from . import styleadapter
+
+            slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
+            styleadapter.check(self, styles, [f"controlnets[{slots[id(u)]}]" for u in styles])
         refs = s.toolbox.references
         if refs:  # reference_only (sdrt.pipelines.refattn): checked against the model before any graph is edited
             from . import refattn
@@ -260,6 +272,21 @@ class ToolboxMixin:
         """The job's conditionings with the IP-Adapters' image inputs (sdrt.pipelines.ipadapter), or as they are."""
         units = s.toolbox.ip_adapter
         self._ip_prepared = None
+        self._revision = None
+        revs = s.toolbox.revisions
+        if revs:  # the pictures' embeds, noised once a job (sdrt.pipelines.revision)
+            from . import revision
+
+            slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
+            self._revision = revision.prepare(self, revs, [f"controlnets[{slots[id(u)]}]" for u in revs], s.seed,
+                                              s.prompt, s.negative_prompt)
+        self._styles = None
+        if s.toolbox.styles:  # the style adapter's tokens, once a job (sdrt.pipelines.styleadapter)
+            from . import styleadapter
+
+            slots = {id(u): k for k, u in enumerate(s.toolbox.units)}
+            self._styles = styleadapter.prepare(self, s.toolbox.styles,
+                                                [f"controlnets[{slots[id(u)]}]" for u in s.toolbox.styles])
         if not units:
             return cond, uncond
         from . import ipadapter as ipa
@@ -385,6 +412,12 @@ class ToolboxMixin:
             up.close()
         for models in self.__dict__.pop("_face_models", {}).values():  # FaceID's InsightFace graphs
             models.close()
+        from .revision import close as close_revision
+
+        close_revision(self)  # revision's image encoders
+        from .styleadapter import close as close_style
+
+        close_style(self)
 
     def _control_tensor(self, unit: cn.ControlNet, width: int, height: int, k: int) -> np.ndarray:
         from .controlmaps import control_tensor
@@ -527,6 +560,24 @@ class ToolboxMixin:
         moves after each step, None when nothing reads it); ``second``: whether it is the hires fix's second pass
         (None: judged by its size), which a unit's hr_option and the hires pass's soft injection of canny read."""
         state = self._control_nets(s, call, width, height, second)
+        styles = getattr(self, "_styles", None)
+        if styles is not None:  # after revision's change of the context (inserted before it), before the nets
+            from .styleadapter import hook as style_hook
+
+            if state is None:
+                state = cn.ControlState()
+            hires = (width, height) != (s.width, s.height) if second is None else second
+            state.hires_pass = hires if s.toolbox.hires is not None else None
+            call.hooks.insert(0, style_hook(styles, state, batch=call.batch,
+                                            text_input=self.family.text_input))  # type: ignore[attr-defined]
+        rev = getattr(self, "_revision", None)
+        if rev is not None:  # first: the nets and the reference pass read the text it changes, as the extension's
+            from .revision import hook as revision_hook
+
+            if state is None:
+                state = cn.ControlState()
+            call.hooks.insert(0, revision_hook(rev, state, batch=call.batch,
+                                               text_input=self.family.text_input))  # type: ignore[attr-defined]
         preps = getattr(self, "_ip_prepared", None)
         if preps:
             from .ipadapter import window_hook
@@ -742,7 +793,7 @@ class ToolboxMixin:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt, title(other)))
             else:
                 info.update(tb.hires.infotext((s.sampler, s.choice), s.prompt, s.negative_prompt))
-        units = tb.units if tb.references or tb.adapters else tb.controlnets  # reference / T2I units where given
+        units = tb.units if tb.references or tb.adapters or tb.revisions or tb.styles else tb.controlnets  # model-free / T2I units where given
         if units:
             info.update(cn.infotext(units, s.width or 0, s.height or 0))
         if tb.ip_adapter:  # the extension's IP-Adapter units, after the ControlNet ones

@@ -55,6 +55,9 @@ depth_zoe               - (``ZoeD_M12_N.pt``: ``models``)            padded to 6
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
+revision_clipvision     Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
+revision_ignore_prompt  Noise Augmentation 0 (0 to 1; ViT-bigG/14)   -                   revision
+t2ia_style_clipvision   - (CLIP ViT-L/14 ``clip_vitl.pth``: models)  -                   styleadapter
 ======================  ===========================================  ==================  ==========
 
 "At a resolution": with a processor resolution the image's shorter side is scaled to it first, as the
@@ -160,6 +163,12 @@ SPECS: dict[str, Spec] = {
     "depth_zoe": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
+    # no map: the picture's CLIP embedding replaces SDXL's pooled text vector (sdrt.pipelines.revision); low: the
+    # noise augmentation; the model: OpenCLIP ViT-bigG/14
+    **{n: Spec(None, Slider(0.0, 0, 1), models=True) for n in ("revision_clipvision", "revision_ignore_prompt")},
+    # no map: the T2I-Adapter style adapter's tokens of the picture's CLIP ViT-L/14 tokens join the text context
+    # (sdrt.pipelines.styleadapter); the net is the adapter, the model the encoder
+    "t2ia_style_clipvision": Spec(None, models=True),
 }
 #: the soft-edge preprocessors: (network, map kind) (:func:`sdrt.pipelines.hedmaps.detect`)
 SOFTEDGE = {"softedge_hed": ("hed", "soft"), "softedge_hedsafe": ("hed", "safe"), "scribble_hed": ("hed", "scribble"),
@@ -235,7 +244,8 @@ def _what(name: str, k: int = 0) -> str:
             "softedge_teed": "TEED's safe steps", "softedge_anyline": "Anyline's safe steps",
             "tile_colorfix": "the colour fix's variation",
             "tile_colorfix+sharp": ("the colour fix's variation", "the sharpness")[k], "reference_only": "the style fidelity",
-            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity"}.get(name, "the gamma correction")
+            "reference_adain": "the style fidelity", "reference_adain+attn": "the style fidelity",
+            "revision_clipvision": "the noise augmentation", "revision_ignore_prompt": "the noise augmentation"}.get(name, "the gamma correction")
 
 
 def _range(s: Slider) -> str:

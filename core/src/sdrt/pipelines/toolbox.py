@@ -60,6 +60,12 @@ class Toolbox:
     units: list[Any] = field(default_factory=list)
     #: the T2I-Adapter units (a net that is a T2I-Adapter file: sdrt.pipelines.t2iadapter), taken out of ``controlnets``
     adapters: list[Any] = field(default_factory=list)
+    #: the revision units (``revision_clipvision``, ``revision_ignore_prompt``: sdrt.pipelines.revision), taken out
+    #: of ``controlnets``
+    revisions: list[Any] = field(default_factory=list)
+    #: the T2I-Adapter style adapter units (``t2ia_style_clipvision``: sdrt.pipelines.styleadapter), taken out of
+    #: ``controlnets``
+    styles: list[Any] = field(default_factory=list)
 
     def place(self, unit: Any, k: int) -> int:
         """A unit's place in ``controlnets`` as given (``k``, its place among the ControlNet units, where the run has
@@ -117,6 +123,26 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         if guess and not tb.controlnets:
             raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
                              "have none", where="guess_mode", fix="leave {@guess_mode} out")
+    from .revision import is_revision
+
+    tb.revisions = [u for u in tb.controlnets if is_revision(u)]
+    if tb.revisions:  # sdrt.pipelines.revision: no net, no residuals
+        tb.controlnets = [u for u in tb.controlnets if not is_revision(u)]
+        if guess and not tb.controlnets:
+            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are revision units, which "
+                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
+        for u in tb.revisions:
+            u.guess_mode = False
+    from .styleadapter import is_style
+
+    tb.styles = [u for u in tb.controlnets if is_style(u)]
+    if tb.styles:  # sdrt.pipelines.styleadapter: its net is the adapter, no residuals
+        tb.controlnets = [u for u in tb.controlnets if not is_style(u)]
+        if guess and not tb.controlnets:
+            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are style adapter units, which "
+                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
+        for u in tb.styles:
+            u.guess_mode = False
     from .t2iadapter import adapter_file
 
     tb.adapters = [u for k, u in enumerate(tb.controlnets)

@@ -65,7 +65,15 @@ MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
 MODULES["depth_zoe"] = "depth_zoe"  # ZoeDepth (sdrt.pipelines.zoedepth)
 #: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
 MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
+#: the extension's Revision modules (sdrt.pipelines.revision): no model either; their image encoder (OpenCLIP
+#: ViT-bigG/14, the extension's clip_g.pth or ComfyUI's clip_vision_g.safetensors) found as the annotators' files are
+REVISION = ("revision_clipvision", "revision_ignore_prompt")
+MODEL_FREE += REVISION
 MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
+#: the extension's "clip_vision" (its UI's t2ia_style_clipvision): TencentARC's style adapter, the unit's model
+#: (t2iadapter_style_sd14v1 in ControlNet/), its CLIP ViT-L/14 found as the annotators' files (sdrt.pipelines.styleadapter)
+MODULES["clip_vision"] = "t2ia_style_clipvision"
+ALIASES["clip_vision"] = "t2ia_style_clipvision"
 _RES = {"name": "Preprocessor Resolution", "value": 512, "min": 64, "max": 2048}
 _GAMMA = {"name": "Gamma Correction", "value": 1.0, "min": 0.1, "max": 2.0, "step": 0.001}
 #: ``module_detail``'s sliders (processor_res, threshold_a, threshold_b) as the extension's
@@ -112,6 +120,8 @@ SLIDERS: dict[str, list[dict[str, Any] | None]] = {
        for m in ("depth_leres", "depth_leres++")},
     **{m: [None, {"name": "Style Fidelity (only for Balanced mode)", "value": 0.5, "min": 0.0, "max": 1.0,
                   "step": 0.01}] for m in ("reference_only", "reference_adain", "reference_adain+attn")},
+    **{m: [None, {"name": "Noise Augmentation", "value": 0.0, "min": 0.0, "max": 1.0}] for m in REVISION},
+    "clip_vision": [],  # no sliders (its resolution hidden)
 }
 #: the resolution a module outside the extension's slider config runs at (its UI's default slider)
 _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth_anything": _RES,
@@ -137,9 +147,7 @@ _NEEDS = (("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the
                          "/ ip-adapter_clip_g)"),
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
-          ("revision", "CLIP vision conditioning"),
-          ("clip_vision", "CLIP vision conditioning"),
-          ("t2ia_style", "the style T2I-Adapter's CLIP vision tokens"), ("pulid", "PuLID's face models"))
+          ("pulid", "PuLID's face models"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
@@ -601,10 +609,19 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
             notes.append(f"{f(guess_key)}: true ran as {CONTROL_MODES[2]!r}, as the extension turned guess mode into "
                          f"it; {f('control_mode')} {CONTROL_MODES[mode]!r} was not used")
         mode = 2
+    if (pre in REVISION or pre == "t2ia_style_clipvision") and mode != 0:  # the extension's no_control_mode
+        notes.append(f"{f('control_mode')}: {pre} has no control mode (the extension reads none); "
+                     f"{CONTROL_MODES[mode]!r} was not used")
+        mode = 0
     if unit.get("advanced_weighting") not in (None, []):
         notes.append(f"{f('advanced_weighting')}: per-layer weights are not supported; weight ran for every layer")
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
+    if pre in REVISION and hr != 0:  # the extension's revision hook runs on both passes whatever hr_option says
+        if hires:
+            notes.append(f"{f('hr_option')}: {pre} runs on both passes of the hires fix, as the extension runs it; "
+                         f"{HR_OPTIONS[hr]!r} was not used")
+        hr = 0
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     made = make(None if net is None else str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
@@ -679,6 +696,9 @@ def detect(body: Any, max_pixels: int, max_res: int = 2048, models: Path | None 
     if images is not None and not isinstance(images, list):
         raise ApiError(422, f"{key} must be a list of base64 images", field=key)
     pre = module(body.get("controlnet_module", "none"), "controlnet_module")
+    if pre in REVISION or pre == "t2ia_style_clipvision":  # returns_image False: a CLIP output, no map
+        raise ApiError(400, f"controlnet_module: {pre} makes no control map (the picture's CLIP embedding conditions "
+                            "the UNet itself); send it in a txt2img/img2img unit", field="controlnet_module")
     if not images:
         raise ApiError(422, "No image selected: controlnet_input_images is empty", field=key)
     res, a, b = _sliders(lambda name, high: get_float(body, name, -1.0, None, high), pre,
