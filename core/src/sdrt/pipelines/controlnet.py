@@ -454,6 +454,9 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
             from .inpaintcn import resize_map
 
             a = resize_map(a, width, height, unit.resize)
+        from .lamafill import check_size
+
+        check_size(a.shape[0], a.shape[1], where)  # a strip LaMa cannot read: refused in the plan too
         if PLANNING.get():  # a run plan: the map's size, no network
             return np.zeros_like(a)
         from .preprocessors import lama_fill
