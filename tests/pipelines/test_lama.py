@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lama_helpers import make_lama, write_pth  # noqa: E402
+from lama_helpers import lama_rgba, make_lama, write_pth  # noqa: E402
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
@@ -215,3 +215,84 @@ def test_lama_keeps_its_restore_in_a_run_with_a_mask():
         unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor=pre)
         ToolboxMixin._inpaint_unit(SimpleNamespace(), SimpleNamespace(mask=mask, init_image=None), unit, 0)
         assert unit.restores is want, (pre, mask is not None)
+
+
+def _strip_unit(models):
+    from sdrt.pipelines.controlnet import ControlNet
+
+    unit = ControlNet("controlnet", np.zeros((2, 200, 3), np.uint8), preprocessor="inpaint_only+lama",
+                      control_mask=np.full((2, 200), 255, np.uint8), preprocessor_models=models)
+    unit.pose_backend = "openvino"
+    return unit
+
+
+def test_a_strip_lama_cannot_read_is_one_line_naming_the_unit(models):
+    """LaMa reads a picture at 256 on its shorter side whatever the processor resolution: a 100:1 strip would be
+    25600 long. Refused in one line naming the unit (not sdrt's internals, not the processor resolution it does not
+    read), in a run plan too (no network runs there)."""
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.controlmaps import ControlImageError
+
+    register("openvino")
+    for planning in (False, True):
+        token = cn.PLANNING.set(planning)
+        try:
+            with pytest.raises(ControlImageError, match=r"LaMa's input .* 25600 pixels long .*200x2") as info:
+                cn.detect(_strip_unit(models), 64, 64, "controlnets[0]")
+        finally:
+            cn.PLANNING.reset(token)
+        assert info.value.where == "controlnets[0]" and "processor resolution" not in info.value.fix
+        assert "\n" not in str(info.value)
+    # at 64:1 it runs
+    unit = _strip_unit(models)
+    unit.image, unit.control_mask = np.zeros((4, 256, 3), np.uint8), np.full((4, 256), 255, np.uint8)
+    assert cn.detect(unit, 64, 64, "controlnets[0]").shape == (4, 256, 4)
+
+
+def test_outpainting_in_a_hires_run_fills_at_the_hires_size(models):
+    """With the hires fix the extension fits a Resize and Fill picture to the second pass's size before LaMa
+    (get_control's outpaint fix at hr_y x hr_x): the map is made there, the first pass gets it fitted down and the
+    second pass it as made (not the first pass's map enlarged: a blurred picture under the restore and the blend)."""
+    from types import SimpleNamespace
+
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.extras import ToolboxMixin
+    from sdrt.pipelines.hires import Hires
+    from sdrt.pipelines.inpaintcn import resize_map, rgba
+    from sdrt.pipelines.preprocessors import lama_fill
+
+    register("openvino")
+    a = lama_rgba(40, 100)
+    unit = cn.ControlNet("controlnet", a[:, :, :3].copy(), preprocessor="inpaint_only+lama", resize="Resize and Fill",
+                         control_mask=a[:, :, 3].copy(), preprocessor_models=models)
+    unit.pose_backend = "openvino"
+    s = SimpleNamespace(mask=None, init_image=None, mode="txt2img", width=64, height=48,
+                        toolbox=SimpleNamespace(hires=Hires(2.0, 0, 0.5, "Latent")))
+    ToolboxMixin._inpaint_unit(SimpleNamespace(), s, unit, 0)
+    assert unit.detected is not None and unit.detected.shape == (96, 128, 4)
+    fitted = resize_map(rgba(a[:, :, :3], a[:, :, 3]), 128, 96, "Resize and Fill")
+    assert np.array_equal(unit.detected, lama_fill(fitted, _file(models), "openvino"))
+    first = cn.prepare_image(unit, 64, 48, "controlnets[0]")
+    assert np.array_equal(first, resize_map(unit.detected, 64, 48, "Resize and Fill"))
+    second = cn.prepare_image(unit, 128, 96, "controlnets[0]")
+    assert np.array_equal(second[:, :, :3], unit.detected[:, :, :3])
+    # without the hires fix (or in img2img) the map is made at the pass's size, when the pass first asks for it
+    for s in (SimpleNamespace(mask=None, init_image=None, mode="txt2img", width=64, height=48,
+                              toolbox=SimpleNamespace(hires=None)),
+              SimpleNamespace(mask=None, init_image=None, mode="img2img", width=64, height=48,
+                              toolbox=SimpleNamespace(hires=Hires(2.0, 0, 0.5, "Latent")))):
+        unit.detected = None
+        ToolboxMixin._inpaint_unit(SimpleNamespace(), s, unit, 0)
+        assert unit.detected is None
+
+
+def test_reference_units_draw_unleaned_from_the_run_stream():
+    """A reference unit beside an inpaint_only+lama unit: its noise is the run's stream as without the lama unit
+    (the extension's reference noise is not p.rng's), not another seed's."""
+    from sdrt.pipelines import refattn
+    from sdrt.pipelines.inpaintcn import LeanNoise
+    from sdrt.samplers import TorchGenerator
+
+    lean = LeanNoise(TorchGenerator(7), np.ones((1, 4, 8, 8), np.float32), np.linspace(0.99, 0.01, 1000))
+    got = refattn.noise_source(None, lean).randn((2, 4, 8, 8))
+    assert np.array_equal(got, TorchGenerator(7).randn((2, 4, 8, 8)))
