@@ -296,3 +296,38 @@ def test_reference_units_draw_unleaned_from_the_run_stream():
     lean = LeanNoise(TorchGenerator(7), np.ones((1, 4, 8, 8), np.float32), np.linspace(0.99, 0.01, 1000))
     got = refattn.noise_source(None, lean).randn((2, 4, 8, 8))
     assert np.array_equal(got, TorchGenerator(7).randn((2, 4, 8, 8)))
+
+
+def test_latent_noise_masked_content_is_the_seeds_draw_unleaned(models, monkeypatch):
+    """A1111's "latent noise" masked content is ``create_random_tensors`` of the seeds, drawn apart from ``p.rng``:
+    the extension's lean (HackedImageRNG) is not on it. The run's first noise leans; the start's noise does not."""
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines import inpaintcn, maskedcontent
+    from sdrt.pipelines.controlnet import ControlNet
+
+    drawn, given = [], []
+    randn, start_latents = inpaintcn.LeanNoise.randn, maskedcontent.start_latents
+
+    def spy_randn(self, shape):
+        out = randn(self, shape)
+        drawn.append((self.raw.copy(), out.copy()))
+        return out
+
+    def spy_start(mode, image_latents, noise, mask):
+        given.append(np.array(noise))
+        return start_latents(mode, image_latents, noise, mask)
+
+    monkeypatch.setattr(inpaintcn.LeanNoise, "randn", spy_randn)
+    monkeypatch.setattr(maskedcontent, "start_latents", spy_start)
+    folder, case, _, z = _lama_case()
+    unit = ControlNet(case["controlnet"], None, case["scale"], preprocessor="inpaint_only+lama",
+                      preprocessor_models=models)
+    with pipelines.load(folder, backend=fast_backend(), precision="fp32") as pipe:
+        pipe.generate(case["prompt"], controlnets=[unit], steps=2, sampler="Euler", seed=3, width=64, height=64,
+                      init_image=z["picture"], mask=z["mask"], strength=0.75, masked_content="latent noise")
+    assert drawn and given  # (the job's memory plan runs dry first: its start is given[0])
+    raw, leaned = drawn[0]
+    assert not np.allclose(raw, leaned)
+    assert np.array_equal(given[-1], raw)
