@@ -177,6 +177,10 @@ class ControlNet:
     prepared: np.ndarray | None = field(default=None, repr=False)
     #: the VAE latent of its map's picture, per pass size (the restore's and the colour fix's)
     origin: dict = field(default_factory=dict, repr=False)
+    #: an ``inpaint_only+lama`` unit: the job's first batch draws noise leaning towards its filled picture (the
+    #: extension's ``HackedImageRNG``, on a job's first batch only); a caller that runs a job's batches as separate
+    #: calls (serve's ``n_iter``) sets it False after the first
+    lean_noise: bool = field(default=True, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -256,7 +260,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
                                                                  "inpaint_crop", "hr_option", "pose_models",
-                                                                 "preprocessor_models", "pose_backend")})
+                                                                 "preprocessor_models", "pose_backend",
+                                                                 "lean_noise")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -264,6 +269,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         else:
             raise InputError(f"{where} is not (net, image[, scale[, start[, end[, control_mode]]]])", where=where,
                              fix="pass a tuple of 2 to 6 items, or a sdrt.pipelines.ControlNet")
+        if not isinstance(unit.lean_noise, (bool, np.bool_)):
+            raise InputError(f"{where} lean_noise must be True or False, got {unit.lean_noise!r:.40}", where=where,
+                             fix="pass lean_noise=True (the default) or False")
         if unit.window not in ("diffusers", "a1111"):
             raise InputError(f"{where} window {unit.window!r:.40} is not a step window rule", where=where,
                              fix="pass window='diffusers' (the default) or 'a1111'")

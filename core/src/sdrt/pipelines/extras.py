@@ -411,7 +411,8 @@ class ToolboxMixin:
             return generator
         from .inpaintcn import LAMA, LeanNoise
 
-        units = [u for u in s.toolbox.controlnets if u.preprocessor == LAMA and u.prepared is not None]
+        units = [u for u in s.toolbox.controlnets if u.preprocessor == LAMA and u.prepared is not None
+                 and u.lean_noise]
         if not units or s.width is None or s.height is None:
             return generator
         ms = self.family.model_sampling(s.width, s.height)  # type: ignore[attr-defined]
