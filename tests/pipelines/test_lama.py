@@ -331,3 +331,41 @@ def test_latent_noise_masked_content_is_the_seeds_draw_unleaned(models, monkeypa
     raw, leaned = drawn[0]
     assert not np.allclose(raw, leaned)
     assert np.array_equal(given[-1], raw)
+
+
+def test_the_lean_is_the_job_first_batch_only(models):
+    """The extension wraps ``p.rng`` before the job's first batch only (``noise_modifier`` is cleared there): a job's
+    later batches draw as usual, and so does a unit told ``lean_noise=False`` (serve's later ``n_iter`` runs)."""
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    folder, case, ref, z = _lama_case()
+
+    def unit(lean=True):
+        u = ControlNet(case["controlnet"], z["picture"], case["scale"], preprocessor=case["preprocessor"],
+                       control_mask=z["mask"], preprocessor_models=models)
+        u.lean_noise = lean
+        return u
+
+    run = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], width=case["width"],
+               height=case["height"])
+    with pipelines.load(folder, backend=fast_backend(), precision="fp32") as pipe:
+        both = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit()], seed=case["seed"],
+                             batch_count=2, **run).images
+        second = case["seed"] + 1
+        leaned = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit()], seed=second,
+                               **run).images[0]
+        plain = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit(False)], seed=second,
+                              **run).images[0]
+        first_plain = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit(False)],
+                                    seed=case["seed"], **run).images[0]
+    assert np.abs(both[0].astype(int) - ref["image"][0]).max() <= 1
+    assert np.array_equal(both[1], plain)
+    assert np.abs(leaned.astype(int) - plain.astype(int)).max() >= 3
+    assert np.abs(first_plain.astype(int) - ref["without_lean"][0]).max() <= 1
+    with pytest.raises(InputError, match=r"controlnets\[0\] lean_noise must be True or False, got 'no'"):
+        from sdrt.pipelines.controlnet import parse_units
+
+        parse_units([unit("no")])
