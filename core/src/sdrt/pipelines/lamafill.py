@@ -284,7 +284,7 @@ def fill(a: np.ndarray, net: Lama) -> np.ndarray:
     prd = result.clip(0, 255).astype(np.uint8)[:th, :tw]
     prd = resample(np.ascontiguousarray(prd), W, H, "linear")
     # the blend in float32 where the mask is grey; where it is 0 or 255 that arithmetic gives the picture or the
-    # fill exactly, taken as they are (a 24-megapixel photo's blend in float took 1.7 GB)
+    # fill exactly, taken as they are (the whole picture in float32 was twice the fill's numpy peak)
     m = raw_mask[:, :, 0]
     fin = raw_color.copy()  # (never the caller's array)
     full = m == 255
