@@ -298,6 +298,20 @@ def test_reference_units_draw_unleaned_from_the_run_stream():
     assert np.array_equal(got, TorchGenerator(7).randn((2, 4, 8, 8)))
 
 
+def test_the_leaning_source_copies():
+    """A LeanNoise copies as the sources it wraps do (its attribute forwarding answered copy's look-ups with a
+    KeyError)."""
+    import copy
+
+    from sdrt.pipelines.inpaintcn import LeanNoise, lean_noise
+    from sdrt.samplers import TorchGenerator
+
+    latent, acp = np.ones((1, 4, 8, 8), np.float32), np.linspace(0.99, 0.01, 1000)
+    for twin in (copy.copy, copy.deepcopy):
+        lean = twin(LeanNoise(TorchGenerator(7), latent, acp))
+        assert np.array_equal(lean.randn((1, 4, 8, 8)), lean_noise(TorchGenerator(7).randn((1, 4, 8, 8)), latent, acp))
+
+
 def test_latent_noise_masked_content_is_the_seeds_draw_unleaned(models, monkeypatch):
     """A1111's "latent noise" masked content is ``create_random_tensors`` of the seeds, drawn apart from ``p.rng``:
     the extension's lean (HackedImageRNG) is not on it. The run's first noise leans; the start's noise does not."""

@@ -175,6 +175,8 @@ class LeanNoise:
         return noise
 
     def __getattr__(self, name: str) -> Any:
+        if "inner" not in self.__dict__:  # (copy and pickle look for hooks before the state is back)
+            raise AttributeError(name)
         return getattr(self.__dict__["inner"], name)
 
 
