@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from lama_helpers import make_lama, write_pth  # noqa: E402
+from lama_helpers import lama_rgba, make_lama, write_pth  # noqa: E402
 from pipeline_helpers import register  # noqa: E402
 
 from sdrt.errors import InputError, ModelError  # noqa: E402
@@ -215,3 +215,196 @@ def test_lama_keeps_its_restore_in_a_run_with_a_mask():
         unit = ControlNet("controlnet", np.zeros((8, 8, 3), np.uint8), preprocessor=pre)
         ToolboxMixin._inpaint_unit(SimpleNamespace(), SimpleNamespace(mask=mask, init_image=None), unit, 0)
         assert unit.restores is want, (pre, mask is not None)
+
+
+def _strip_unit(models):
+    from sdrt.pipelines.controlnet import ControlNet
+
+    unit = ControlNet("controlnet", np.zeros((2, 200, 3), np.uint8), preprocessor="inpaint_only+lama",
+                      control_mask=np.full((2, 200), 255, np.uint8), preprocessor_models=models)
+    unit.pose_backend = "openvino"
+    return unit
+
+
+def test_a_strip_lama_cannot_read_is_one_line_naming_the_unit(models):
+    """LaMa reads a picture at 256 on its shorter side whatever the processor resolution: a 100:1 strip would be
+    25600 long. Refused in one line naming the unit (not sdrt's internals, not the processor resolution it does not
+    read), in a run plan too (no network runs there)."""
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.controlmaps import ControlImageError
+
+    register("openvino")
+    for planning in (False, True):
+        token = cn.PLANNING.set(planning)
+        try:
+            with pytest.raises(ControlImageError, match=r"LaMa's input .* 25600 pixels long .*200x2") as info:
+                cn.detect(_strip_unit(models), 64, 64, "controlnets[0]")
+        finally:
+            cn.PLANNING.reset(token)
+        assert info.value.where == "controlnets[0]" and "processor resolution" not in info.value.fix
+        assert "\n" not in str(info.value)
+    # at 64:1 it runs
+    unit = _strip_unit(models)
+    unit.image, unit.control_mask = np.zeros((4, 256, 3), np.uint8), np.full((4, 256), 255, np.uint8)
+    assert cn.detect(unit, 64, 64, "controlnets[0]").shape == (4, 256, 4)
+
+
+def test_outpainting_in_a_hires_run_fills_at_the_hires_size(models):
+    """With the hires fix the extension fits a Resize and Fill picture to the second pass's size before LaMa
+    (get_control's outpaint fix at hr_y x hr_x): the map is made there, the first pass gets it fitted down and the
+    second pass it as made (not the first pass's map enlarged: a blurred picture under the restore and the blend)."""
+    from types import SimpleNamespace
+
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.extras import ToolboxMixin
+    from sdrt.pipelines.hires import Hires
+    from sdrt.pipelines.inpaintcn import resize_map, rgba
+    from sdrt.pipelines.preprocessors import lama_fill
+
+    register("openvino")
+    a = lama_rgba(40, 100)
+    unit = cn.ControlNet("controlnet", a[:, :, :3].copy(), preprocessor="inpaint_only+lama", resize="Resize and Fill",
+                         control_mask=a[:, :, 3].copy(), preprocessor_models=models)
+    unit.pose_backend = "openvino"
+    s = SimpleNamespace(mask=None, init_image=None, mode="txt2img", width=64, height=48,
+                        toolbox=SimpleNamespace(hires=Hires(2.0, 0, 0.5, "Latent")))
+    ToolboxMixin._inpaint_unit(SimpleNamespace(), s, unit, 0)
+    assert unit.detected is not None and unit.detected.shape == (96, 128, 4)
+    fitted = resize_map(rgba(a[:, :, :3], a[:, :, 3]), 128, 96, "Resize and Fill")
+    assert np.array_equal(unit.detected, lama_fill(fitted, _file(models), "openvino"))
+    first = cn.prepare_image(unit, 64, 48, "controlnets[0]")
+    assert np.array_equal(first, resize_map(unit.detected, 64, 48, "Resize and Fill"))
+    second = cn.prepare_image(unit, 128, 96, "controlnets[0]")
+    assert np.array_equal(second[:, :, :3], unit.detected[:, :, :3])
+    # without the hires fix (or in img2img) the map is made at the pass's size, when the pass first asks for it
+    for s in (SimpleNamespace(mask=None, init_image=None, mode="txt2img", width=64, height=48,
+                              toolbox=SimpleNamespace(hires=None)),
+              SimpleNamespace(mask=None, init_image=None, mode="img2img", width=64, height=48,
+                              toolbox=SimpleNamespace(hires=Hires(2.0, 0, 0.5, "Latent")))):
+        unit.detected = None
+        ToolboxMixin._inpaint_unit(SimpleNamespace(), s, unit, 0)
+        assert unit.detected is None
+
+
+def test_reference_units_draw_unleaned_from_the_run_stream():
+    """A reference unit beside an inpaint_only+lama unit: its noise is the run's stream as without the lama unit
+    (the extension's reference noise is not p.rng's), not another seed's."""
+    from sdrt.pipelines import refattn
+    from sdrt.pipelines.inpaintcn import LeanNoise
+    from sdrt.samplers import TorchGenerator
+
+    lean = LeanNoise(TorchGenerator(7), np.ones((1, 4, 8, 8), np.float32), np.linspace(0.99, 0.01, 1000))
+    got = refattn.noise_source(None, lean).randn((2, 4, 8, 8))
+    assert np.array_equal(got, TorchGenerator(7).randn((2, 4, 8, 8)))
+
+
+def test_the_leaning_source_copies():
+    """A LeanNoise copies as the sources it wraps do (its attribute forwarding answered copy's look-ups with a
+    KeyError)."""
+    import copy
+
+    from sdrt.pipelines.inpaintcn import LeanNoise, lean_noise
+    from sdrt.samplers import TorchGenerator
+
+    latent, acp = np.ones((1, 4, 8, 8), np.float32), np.linspace(0.99, 0.01, 1000)
+    for twin in (copy.copy, copy.deepcopy):
+        lean = twin(LeanNoise(TorchGenerator(7), latent, acp))
+        assert np.array_equal(lean.randn((1, 4, 8, 8)), lean_noise(TorchGenerator(7).randn((1, 4, 8, 8)), latent, acp))
+
+
+def test_latent_noise_masked_content_is_the_seeds_draw_unleaned(models, monkeypatch):
+    """A1111's "latent noise" masked content is ``create_random_tensors`` of the seeds, drawn apart from ``p.rng``:
+    the extension's lean (HackedImageRNG) is not on it. The run's first noise leans; the start's noise does not."""
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines import inpaintcn, maskedcontent
+    from sdrt.pipelines.controlnet import ControlNet
+
+    drawn, given = [], []
+    randn, start_latents = inpaintcn.LeanNoise.randn, maskedcontent.start_latents
+
+    def spy_randn(self, shape):
+        out = randn(self, shape)
+        drawn.append((self.raw.copy(), out.copy()))
+        return out
+
+    def spy_start(mode, image_latents, noise, mask):
+        given.append(np.array(noise))
+        return start_latents(mode, image_latents, noise, mask)
+
+    monkeypatch.setattr(inpaintcn.LeanNoise, "randn", spy_randn)
+    monkeypatch.setattr(maskedcontent, "start_latents", spy_start)
+    folder, case, _, z = _lama_case()
+    unit = ControlNet(case["controlnet"], None, case["scale"], preprocessor="inpaint_only+lama",
+                      preprocessor_models=models)
+    with pipelines.load(folder, backend=fast_backend(), precision="fp32") as pipe:
+        pipe.generate(case["prompt"], controlnets=[unit], steps=2, sampler="Euler", seed=3, width=64, height=64,
+                      init_image=z["picture"], mask=z["mask"], strength=0.75, masked_content="latent noise")
+    assert drawn and given  # (the job's memory plan runs dry first: its start is given[0])
+    raw, leaned = drawn[0]
+    assert not np.allclose(raw, leaned)
+    assert np.array_equal(given[-1], raw)
+
+
+def test_the_lean_is_the_job_first_batch_only(models):
+    """The extension wraps ``p.rng`` before the job's first batch only (``noise_modifier`` is cleared there): a job's
+    later batches draw as usual, and so does a unit told ``lean_noise=False`` (serve's later ``n_iter`` runs)."""
+    from pipeline_helpers import fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    folder, case, ref, z = _lama_case()
+
+    def unit(lean=True):
+        u = ControlNet(case["controlnet"], z["picture"], case["scale"], preprocessor=case["preprocessor"],
+                       control_mask=z["mask"], preprocessor_models=models)
+        u.lean_noise = lean
+        return u
+
+    run = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], width=case["width"],
+               height=case["height"])
+    with pipelines.load(folder, backend=fast_backend(), precision="fp32") as pipe:
+        both = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit()], seed=case["seed"],
+                             batch_count=2, **run).images
+        second = case["seed"] + 1
+        leaned = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit()], seed=second,
+                               **run).images[0]
+        plain = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit(False)], seed=second,
+                              **run).images[0]
+        first_plain = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[unit(False)],
+                                    seed=case["seed"], **run).images[0]
+    assert np.abs(both[0].astype(int) - ref["image"][0]).max() <= 1
+    assert np.array_equal(both[1], plain)
+    assert np.abs(leaned.astype(int) - plain.astype(int)).max() >= 3
+    assert np.abs(first_plain.astype(int) - ref["without_lean"][0]).max() <= 1
+    with pytest.raises(InputError, match=r"controlnets\[0\] lean_noise must be True or False, got 'no'"):
+        from sdrt.pipelines.controlnet import parse_units
+
+        parse_units([unit("no")])
+
+
+def test_a_big_picture_fill_stays_small(models):
+    """LaMa reads 256 on the shorter side; around it the fill works at the picture's own size (the resize back and
+    the blend). Numpy's peak stays near 23 bytes a pixel of a 3-megapixel photo (the float blend over the whole
+    picture was 49, with the int64 rows of OpenCV's linear enlargement 78; a 24-megapixel photo took 1.7 GB)."""
+    import tracemalloc
+
+    register("openvino")
+    h, w = 1500, 2000
+    a = np.full((h, w, 4), 120, np.uint8)
+    a[:, :, 3] = 0
+    a[h // 3:h // 2, w // 3:w // 2, 3] = 255
+    a[h // 2:h // 2 + 40, :, 3] = 128
+    with lamafill.Lama(_file(models), backend="openvino") as net:
+        lamafill.fill(a[:300, :400].copy(), net)  # compiled outside the measure
+        tracemalloc.start()
+        try:
+            made = lamafill.fill(a, net)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+    assert made.shape == (h, w, 4) and np.array_equal(made[:, :, 3], a[:, :, 3])
+    assert np.array_equal(made[:h // 3, :, :3], a[:h // 3, :, :3])  # unmasked: the picture as it was
+    assert peak < 32 * h * w, peak / (h * w)

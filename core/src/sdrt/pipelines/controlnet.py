@@ -192,6 +192,13 @@ class ControlNet:
     #: a face-token unit's text, filled by the pipeline: (the UNet input that tells the rows apart, its value on the
     #: negative rows, the positive rows' face tokens, the negative rows') (:func:`face_context`)
     context: Any = field(default=None, repr=False)
+    #: a T2I-Adapter unit's network (sdrt.pipelines.t2iadapter.AdapterNet) and its features per pass size
+    adapter: Any = field(default=None, repr=False)
+    features: dict = field(default_factory=dict, repr=False)
+    #: an ``inpaint_only+lama`` unit: the job's first batch draws noise leaning towards its filled picture (the
+    #: extension's ``HackedImageRNG``, on a job's first batch only); a caller that runs a job's batches as separate
+    #: calls (serve's ``n_iter``) sets it False after the first
+    lean_noise: bool = field(default=True, repr=False)
 
     @property
     def reads_face_tokens(self) -> bool:
@@ -202,9 +209,6 @@ class ControlNet:
             return True
         source = self.part.source_file if self.part is not None else None
         return any(names_instantid(p) for p in (getattr(self.net, "path", self.net), source) if p is not None)
-    #: a T2I-Adapter unit's network (sdrt.pipelines.t2iadapter.AdapterNet) and its features per pass size
-    adapter: Any = field(default=None, repr=False)
-    features: dict = field(default_factory=dict, repr=False)
 
     @property
     def model_name(self) -> str:
@@ -305,7 +309,8 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
                                                                  "pixel_perfect", "control_mode", "guess_mode",
                                                                  "window", "union_mode", "control_mask", "seed",
                                                                  "inpaint_crop", "hr_option", "pose_models",
-                                                                 "preprocessor_models", "pose_backend", "face_tokens")})
+                                                                 "preprocessor_models", "pose_backend", "face_tokens",
+                                                                 "lean_noise")})
         elif isinstance(item, (tuple, list)) and 2 <= len(item) <= 6:
             unit = ControlNet(*item[:5])
             if len(item) == 6:
@@ -313,6 +318,9 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         else:
             raise InputError(f"{where} is not (net, image[, scale[, start[, end[, control_mode]]]])", where=where,
                              fix="pass a tuple of 2 to 6 items, or a sdrt.pipelines.ControlNet")
+        if not isinstance(unit.lean_noise, (bool, np.bool_)):
+            raise InputError(f"{where} lean_noise must be True or False, got {unit.lean_noise!r:.40}", where=where,
+                             fix="pass lean_noise=True (the default) or False")
         if unit.window not in ("diffusers", "a1111"):
             raise InputError(f"{where} window {unit.window!r:.40} is not a step window rule", where=where,
                              fix="pass window='diffusers' (the default) or 'a1111'")
@@ -511,6 +519,9 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
             from .inpaintcn import resize_map
 
             a = resize_map(a, width, height, unit.resize)
+        from .lamafill import check_size
+
+        check_size(a.shape[0], a.shape[1], where)  # a strip LaMa cannot read: refused in the plan too
         if PLANNING.get():  # a run plan: the map's size, no network
             return np.zeros_like(a)
         from .preprocessors import lama_fill

@@ -245,6 +245,11 @@ def _two_taps(a: np.ndarray, ix: np.ndarray, wx: np.ndarray, iy: np.ndarray, wy:
     rows = x[:, ix[:, 0]].astype(np.int64) * wx[:, 0].reshape(cols) \
         + x[:, ix[:, 1]].astype(np.int64) * wx[:, 1].reshape(cols)
     shape = (-1, 1, *([1] * (a.ndim - 2)))
-    out = ((rows[at[:, 0]] >> 4) * wy[:, 0].reshape(shape) >> 16) \
-        + ((rows[at[:, 1]] >> 4) * wy[:, 1].reshape(shape) >> 16)
-    return np.clip((out + 2) >> 2, 0, 255).astype(np.uint8)
+    out = np.empty((len(iy), *rows.shape[1:]), np.uint8)
+    step = max(1, _STRIP // max(1, int(np.prod(rows.shape[1:]))))  # in strips of output rows: an enlargement's
+    for r in range(0, len(iy), step):  # int64 rows were 8 bytes a value of the output (1.7 GB for 24 MP)
+        sl = slice(r, r + step)
+        y = ((rows[at[sl, 0]] >> 4) * wy[sl, 0].reshape(shape) >> 16) \
+            + ((rows[at[sl, 1]] >> 4) * wy[sl, 1].reshape(shape) >> 16)
+        out[sl] = np.clip((y + 2) >> 2, 0, 255)
+    return out

@@ -228,6 +228,12 @@ class ToolboxMixin:
         # inpaint_only+lama restores in a run with a mask too: the extension falls back for inpaint_only alone
         unit.restores = (unit.preprocessor == "inpaint_only" and s.mask is None) or unit.preprocessor == LAMA
         unit.origin = {}
+        if unit.preprocessor == LAMA and unit.resize == "Resize and Fill" and s.toolbox.hires is not None \
+                and s.mode == "txt2img" and unit.detected is None:
+            # the outpaint fix fits the picture to the hires pass's size in a hires run (the extension's get_control:
+            # hr_y, hr_x), LaMa fills that; the first pass gets the map fitted down, the second pass it as made
+            tw, th = s.toolbox.hires.target(s.width, s.height)
+            unit.detected = cn.detect(unit, tw, th, f"controlnets[{k}]")
 
     def _prepare_ip_adapter(self, s: Settings) -> None:
         """The UNet with IP attention for the adapters asked for (one more attention a layer each), as its file
@@ -519,7 +525,8 @@ class ToolboxMixin:
             return generator
         from .inpaintcn import LAMA, LeanNoise
 
-        units = [u for u in s.toolbox.controlnets if u.preprocessor == LAMA and u.prepared is not None]
+        units = [u for u in s.toolbox.controlnets if u.preprocessor == LAMA and u.prepared is not None
+                 and u.lean_noise]
         if not units or s.width is None or s.height is None:
             return generator
         ms = self.family.model_sampling(s.width, s.height)  # type: ignore[attr-defined]

@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["ALIASES", "INPAINT", "LAMA", "blend_pixels", "hint", "latent_mask", "lean_noise", "resize_map", "restore_eps",
-           "rgba"]
+           "rgba", "unleaned"]
 
 #: sdrt's inpaint preprocessors (the extension's module names)
 INPAINT = ("inpaint", "inpaint_only", "inpaint_only+lama")
@@ -161,19 +161,31 @@ class LeanNoise:
 
     def __init__(self, inner: Any, latent: np.ndarray, alphas_cumprod: np.ndarray) -> None:
         self.inner, self.latent, self.alphas_cumprod = inner, latent, alphas_cumprod
+        #: the last draw as the inner source gave it (:func:`unleaned`)
+        self.raw: np.ndarray | None = None
 
     @property
     def vae_generator(self) -> Any:
         return getattr(self.inner, "vae_generator", self.inner)
 
     def randn(self, shape: Any) -> np.ndarray:
-        noise = self.inner.randn(shape)
+        noise = self.raw = self.inner.randn(shape)
         if np.ndim(noise) == 4 and noise.shape[1:] == self.latent.shape[1:]:
             return lean_noise(noise, self.latent, self.alphas_cumprod)
         return noise
 
     def __getattr__(self, name: str) -> Any:
+        if "inner" not in self.__dict__:  # (copy and pickle look for hooks before the state is back)
+            raise AttributeError(name)
         return getattr(self.__dict__["inner"], name)
+
+
+def unleaned(generator: Any, noise: np.ndarray) -> np.ndarray:
+    """``noise``, the draw just taken from ``generator``, as drawn before a :class:`LeanNoise` leaned it: A1111's
+    "latent noise" masked content is ``create_random_tensors`` of the seeds, not ``p.rng``'s draw the extension
+    hacks."""
+    raw = generator.raw if isinstance(generator, LeanNoise) else None
+    return noise if raw is None else raw
 
 
 def check_size(rgb: np.ndarray, mask: np.ndarray, where: str) -> None:

@@ -26,7 +26,7 @@ import numpy as np
 
 from .netgraph import AnnotatorNet, Net
 
-__all__ = ["LAMA_FILE", "LAMA_RES", "Lama", "expected_shapes", "fill"]
+__all__ = ["LAMA_FILE", "LAMA_RES", "Lama", "check_size", "expected_shapes", "fill"]
 
 LAMA_FILE = "ControlNetLama.pth"
 #: the extension's resolution for LaMa ("Always use 256 since lama is trained on 256")
@@ -239,12 +239,24 @@ class Lama(AnnotatorNet):
         return np.asarray(out["out"], np.float32)[0]
 
 
+def check_size(height: int, width: int, where: str = "sdrt.pipelines.lamafill.fill") -> None:
+    """A one-line ``ControlImageError`` when LaMa's input, the ``width x height`` picture at :data:`LAMA_RES` on its
+    shorter side whatever the processor resolution, would be longer than ``MAX_SIDE`` (a strip over 64:1): the
+    network's activations and its DFT matrices grow with that side."""
+    from .controlmaps import scaled_side
+
+    scaled_side(height, width, LAMA_RES / min(height, width), where,
+                f"LaMa's input (the picture at {LAMA_RES} pixels on its shorter side, whatever the processor "
+                "resolution)", "crop the control image (and its mask) to nearer a square: at most 64:1")
+
+
 def _resize_with_pad(a: np.ndarray, resolution: int) -> tuple[np.ndarray, tuple[int, int]]:
     """The extension's ``resize_image_with_pad`` of an RGBA map (all four channels alike)."""
     from .controlmaps import processor_size
     from .cvresize import resample
 
     h, w = a.shape[:2]
+    check_size(h, w)
     k = float(resolution) / float(min(h, w))
     th, tw = processor_size(h, w, resolution)
     if (th, tw) != (h, w):
@@ -271,6 +283,15 @@ def fill(a: np.ndarray, net: Lama) -> np.ndarray:
     result = result * np.float32(255.0)
     prd = result.clip(0, 255).astype(np.uint8)[:th, :tw]
     prd = resample(np.ascontiguousarray(prd), W, H, "linear")
-    alpha = raw_mask.astype(np.float32) / np.float32(255.0)
-    fin = prd.astype(np.float32) * alpha + raw_color.astype(np.float32) * (1 - alpha)
-    return np.ascontiguousarray(np.concatenate([fin.clip(0, 255).astype(np.uint8), raw_mask], axis=2))
+    # the blend in float32 where the mask is grey; where it is 0 or 255 that arithmetic gives the picture or the
+    # fill exactly, taken as they are (the whole picture in float32 was twice the fill's numpy peak)
+    m = raw_mask[:, :, 0]
+    fin = raw_color.copy()  # (never the caller's array)
+    full = m == 255
+    fin[full] = prd[full]
+    grey = (m > 0) & ~full
+    if grey.any():
+        alpha = m[grey].astype(np.float32)[:, None] / np.float32(255.0)
+        mixed = prd[grey].astype(np.float32) * alpha + raw_color[grey].astype(np.float32) * (1 - alpha)
+        fin[grey] = mixed.clip(0, 255).astype(np.uint8)
+    return np.ascontiguousarray(np.concatenate([fin, raw_mask], axis=2))

@@ -1253,10 +1253,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             noise = generator.randn(shape)
             start = image_latents
             if s.masked_content != "original" and image_latents is not None:  # A1111's masked content 2 / 3: the
+                from .inpaintcn import unleaned  # the seeds' draw, not inpaint_only+lama's leaning one
                 from .maskedcontent import start_latents  # start changes, not the blend (strength 1 under
                 # diffusers' rule starts from noise alone)
 
-                start = start_latents(s.masked_content, image_latents, noise, mask)
+                start = start_latents(s.masked_content, image_latents, unleaned(generator, noise), mask)
             x = loop.start(noise, None if full else start)
             masked = to_nchw(init) * (mask < 0.5)[None, None]
             masked_latents = np.repeat(self._encode_image(masked.astype(np.float32), generator), s.batch, axis=0)

@@ -288,7 +288,10 @@ def noise_source(pipe: Any, generator: Any) -> Any:
     """What draws the reference's noise: the run's generator (diffusers' stream), or torch's CPU generator of the
     last image's seed past one latent (A1111's per-image seeds)."""
     from ..samplers import TorchGenerator
+    from .inpaintcn import LeanNoise
 
+    if isinstance(generator, LeanNoise):  # an inpaint_only+lama unit's lean is the run's draws', not the reference's
+        generator = generator.inner
     if isinstance(generator, TorchGenerator) or generator is None:
         return generator if generator is not None else TorchGenerator(0)
     seeds = getattr(getattr(generator, "noise", None), "seeds", None) or [0]

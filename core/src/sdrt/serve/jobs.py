@@ -653,6 +653,9 @@ class Worker(threading.Thread):
                     raise _Generating(w.model.name, w.fields, w) from exc
                 finally:
                     job.skip.clear()  # a skip ends one run: the next one runs
+                    for unit in kwargs.get("controlnets") or ():  # inpaint_only+lama leans the job's first batch
+                        if getattr(unit, "preprocessor", None) == "inpaint_only+lama":  # only, as the extension's
+                            unit.lean_noise = False  # HackedImageRNG in A1111's n_iter loop
                 if gen is not None:  # a stopped run's partial images too, as A1111 gives them
                     for settings in gen.settings:
                         for key, value in w.extra_infotext.items():
