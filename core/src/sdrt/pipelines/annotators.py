@@ -89,13 +89,17 @@ ANNOTATORS: dict[str, Files] = {
     # annotator/leres first (as depth_leres), latest_net_G.pth from downloads/leres: so each file on its own
     "depth_leres++": Files(("res101.pth", "latest_net_G.pth"), ("leres",), ("lllyasviel/Annotators",), "LeReS's",
                            apart=((), ())),
+    # UniFormer's ADE20K segmentor: the extension reads it from annotator/uniformer first (its old place), then
+    # downloads/uniformer (from lllyasviel/ControlNet's annotator/ckpts; ComfyUI: ckpts/lllyasviel/Annotators)
+    "seg_ufade20k": Files(("upernet_global_small.pth",), ("uniformer",), ("lllyasviel/Annotators",),
+                          "UniFormer's ADE20K segmentor"),
 }
 
 
 #: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
-#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres``), before
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres`` / ``annotator/uniformer``), before
 #: ``annotator/downloads/<folder>``
-OLD_FOLDERS = ("mlsd", "midas", "leres")
+OLD_FOLDERS = ("mlsd", "midas", "leres", "uniformer")
 
 
 def layouts(files: Files) -> list[str]:

@@ -49,6 +49,7 @@ openpose_full           - (body, hand and face ``.pth`` files)       padded to 6
 depth_leres             Remove Near % 0 / Remove Background % 0      padded to 64        leresdepth
                         (0 to 100; ``res101.pth``: ``models``)
 depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
+seg_ufade20k            - (``upernet_global_small.pth``: ``models``) padded to 64        uniformerseg, segpalette
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
@@ -77,7 +78,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "seg_ufade20k", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
 
 
 @dataclass(frozen=True)
@@ -146,6 +147,7 @@ SPECS: dict[str, Spec] = {
     "openpose_full": Spec("pad", models=True),
     "depth_leres": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
+    "seg_ufade20k": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
@@ -173,7 +175,8 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
-_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose",
+             "seg_ufade20k")  # (UniFormer: rescaled to fit 2048 x 512)
 #: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
 #: :data:`MAX_NET_PIXELS` there too, as at a processor resolution (HED on a 6000x4000 photo took ~13 GB;
 #: depth_leres++'s numpy steps run at the image's size); every model-backed one but those that resize it themselves
@@ -583,6 +586,15 @@ def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: st
     return _kept("normal_bae", (path,), backend, device, lambda be, dev: NormalBae(path, backend=be, device=dev))
 
 
+def seg_ufade20k(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.uniformerseg.UniformerSeg` of ``models`` (``upernet_global_small.pth`` or a folder
+    holding it in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .uniformerseg import UniformerSeg
+
+    (path,) = model_files("seg_ufade20k", models, where)
+    return _kept("seg_ufade20k", (path,), backend, device, lambda be, dev: UniformerSeg(path, backend=be, device=dev))
+
+
 def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
                    where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
@@ -743,6 +755,10 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         from .normalbae import normal_map
 
         rgb = normal_map(cm.checked_rgb(rgb, "sdrt.pipelines.normalbae"), normal_bae(models, backend, device, where))
+    elif name == "seg_ufade20k":  # the detector pads to 64 itself without a resolution
+        from .uniformerseg import seg_map
+
+        rgb = seg_map(cm.checked_rgb(rgb, "sdrt.pipelines.uniformerseg"), seg_ufade20k(models, backend, device, where))
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))
