@@ -15,7 +15,8 @@ heads' channels overridden) and loads the file with mmcv's ``load_checkpoint``; 
 argmax), ``show_result_pyplot(..., get_palette('ade'), opacity=1)``, the crop.
 
 Writes tests/data/uniformer/uniformer_refs.npz: the image; for the narrow file the maps at processor resolutions
-44 (the image's own shorter side: no resize), 32 (area) and 64 (bicubic), the class map at 44, the decode head's
+44 (the image's own shorter side: no resize), 32 (area), 64 (bicubic) and 150 (bicubic to 205 x 150, padded to
+256 x 192, which mmseg rescales by 8/3 to 683 x 512: no whole ratio anywhere), the class map at 44, the decode head's
 logits at 44 (every 8th row and column); for the full-size file the map at 64 and its class map.
 """
 
@@ -109,7 +110,7 @@ def main() -> None:
 
         image = test_image()
         out = {"image": image}
-        for res in (44, 32, 64):
+        for res in (44, 32, 64, 150):
             out[f"map_{res}"], labels = uniformer(tiny, image, res)
             if res == 44:
                 out["labels_44"] = labels.astype(np.uint8)

@@ -73,14 +73,15 @@ def uniformer_narrow():
 
 
 def test_at_processor_resolutions(refs, pth):
-    """preprocess() at a resolution (scaled, padded to 64, cropped) as the extension's at 32 (area, shrinking) and
-    64 (bicubic, enlarging: 87 x 64, padded to 128 x 64, read at 1024 x 512); without a resolution the image is
-    padded as at its own size."""
+    """preprocess() at a resolution (scaled, padded to 64, cropped) as the extension's at 32 (area, shrinking),
+    64 (bicubic, enlarging: 87 x 64, padded to 128 x 64, read at 1024 x 512) and 150 (205 x 150, padded to
+    256 x 192, read at 683 x 512: the logits' two resizes have no whole ratio, so composing them is checked);
+    without a resolution the image is padded as at its own size."""
     from sdrt.pipelines import preprocessors
 
     register("openvino")
     image = refs["image"]
-    for res, shape in ((32, (44, 32, 3)), (64, (87, 64, 3))):
+    for res, shape in ((32, (44, 32, 3)), (64, (87, 64, 3)), (150, (205, 150, 3))):
         made = preprocessors.preprocess(image, "seg_ufade20k", resolution=res, models=pth, backend="openvino")
         assert made.shape == shape
         assert _differing(made, refs[f"map_{res}"]) <= TIES
@@ -127,6 +128,23 @@ def test_rescale_and_interpolation_matrices():
     assert [np.flatnonzero(r).tolist()[::len(np.flatnonzero(r)) - 1] for r in p] == [[0, 2], [2, 5], [5, 7], [8, 10],
                                                                                       [10, 13], [13, 15]]
     np.testing.assert_allclose(p.sum(1), 1)
+
+
+def test_logits_resized_twice_then_argmax():
+    """logits_to_labels (the two resizes of each axis composed into taps, in bands) is mmseg's: bilinear to the
+    network's input size, then to the image's, argmax; here against the two resizes done one after the other in
+    float64, on sizes with no whole ratio (17 -> 67 -> 40, 13 -> 51 -> 30), where a single resize differs."""
+    rng = np.random.default_rng(3)
+    logits = rng.standard_normal((150, 17, 13)).astype(np.float32)
+    b = uniformerseg.bilinear_matrix
+    two = b(67, 40) @ (b(17, 67) @ logits.astype(np.float64) @ b(13, 51).T) @ b(51, 30).T
+    top = np.sort(two, axis=0)
+    clear = top[-1] - top[-2] > 1e-4  # not a tie float32 may break either way
+    made = uniformerseg.logits_to_labels(logits, (67, 51), (40, 30), rows=7)
+    assert made.shape == (40, 30) and clear.mean() > 0.95
+    assert np.array_equal(made[clear], two.argmax(0)[clear])
+    once = (b(17, 40) @ logits.astype(np.float64) @ b(13, 30).T).argmax(0)
+    assert (once != made).mean() > 0.01  # (measured: 2.2 %)
 
 
 def test_paint_is_ades_palette():

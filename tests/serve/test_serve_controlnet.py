@@ -327,8 +327,8 @@ def test_controlnet_routes(cn_server) -> None:
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "animal_openpose", "inpaint", "inpaint_only", "tile_colorfix",
-                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "reference_only",
-                                    "reference_adain", "reference_adain+attn"]
+                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "segmentation",
+                                    "reference_only", "reference_adain", "reference_adain+attn"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}
     aliased = get("/controlnet/module_list?alias_names=true").json()
@@ -345,6 +345,7 @@ def test_controlnet_routes(cn_server) -> None:
 @pytest.mark.parametrize("module, words", [("dw_openpose_full", "needs DWPose's yolox_l.onnx"),
                                             ("openpose", "needs body_pose_model.pth"),
                                             ("normal_bae", "needs scannet.pt"),
+                                            ("segmentation", "needs upernet_global_small.pth"),
                                             ("depth_anything", "needs depth_anything_vitl14.pth"),
 
                                             ("openpose_full", "needs OpenPose's body_pose_model.pth and "

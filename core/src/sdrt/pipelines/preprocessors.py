@@ -175,8 +175,7 @@ WITH_MODELS = tuple(n for n, s in SPECS.items() if s.models)
 MAX_NET_PIXELS = 2048 * 8192
 #: the model-backed preprocessors whose network reads the image at a size of its own (DWPose's 640 and 384 boxes,
 #: OpenPose's 368, Depth Anything's 518 with its own 4:1 limit), not at the processor resolution
-_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose",
-             "seg_ufade20k")  # (UniFormer: rescaled to fit 2048 x 512)
+_OWN_SIZE = ("dw_openpose_full", "openpose", "depth_anything", "depth_anything_v2", "animal_openpose")
 #: the preprocessors whose network reads a whole image given at its own size (padded to 64): bounded by
 #: :data:`MAX_NET_PIXELS` there too, as at a processor resolution (HED on a 6000x4000 photo took ~13 GB;
 #: depth_leres++'s numpy steps run at the image's size); every model-backed one but those that resize it themselves

@@ -21,9 +21,10 @@ Around the network, numpy follows the extension (``uniformer`` in its processor,
   subtracts ImageNet's mean ``(123.675, 116.28, 103.53)`` and multiplies by ``1 / (58.395, 57.12, 57.375)``:
   the network reads the image as B, G, R, as in the extension;
 - the logits (a quarter of the input's size) are resized bilinearly (``align_corners=False``) to the rescaled
-  image's size and then to the padded image's: both linear maps, applied here as one per axis in float32 (the
-  same interpolation, summed in one pass), then the class is the argmax (mmseg takes it after a softmax, which
-  keeps the order; a tie between two classes may break the other way);
+  image's size and then to the padded image's: both linear maps, composed here into one of at most four taps per
+  axis and applied in float32 in bands of rows (the same interpolation, summed in one pass, never holding the
+  150 full-size channels), then the class is the argmax (mmseg takes it after a softmax, which keeps the order;
+  a tie between two classes may break the other way);
 - each class is painted with ADE20K's palette (:mod:`sdrt.pipelines.segpalette`), and the map cropped back.
 """
 
@@ -282,18 +283,31 @@ def prepare(rgb: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None], np.float32)
 
 
+def _taps(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """A ``(dst, src)`` interpolation matrix as taps: ``(dst, k)`` source indices and float32 weights (rows with
+    fewer taps padded with weight 0)."""
+    k = max(int((m != 0).sum(1).max()), 1)
+    idx = np.zeros((m.shape[0], k), np.intp)
+    w = np.zeros((m.shape[0], k), np.float32)
+    for i, row in enumerate(m):
+        nz = np.flatnonzero(row)
+        idx[i, :len(nz)], w[i, :len(nz)] = nz, row[nz]
+    return idx, w
+
+
 def logits_to_labels(logits: np.ndarray, net_hw: tuple[int, int], out_hw: tuple[int, int],
-                     rows: int = 64) -> np.ndarray:
+                     rows: int = 32) -> np.ndarray:
     """The ``(H, W)`` class map of the decode head's ``(C, h, w)`` logits: resized bilinearly to ``net_hw`` and
-    then to ``out_hw`` (``align_corners=False`` both), as one float32 matrix per axis, argmax over the classes
-    (in bands of ``rows`` output rows, so that the full-size logits are never held)."""
+    then to ``out_hw`` (``align_corners=False`` both; the two resizes of an axis composed into one, at most four
+    taps), argmax over the classes, in bands of ``rows`` output rows (the full-size logits are never held)."""
     c, h, w = logits.shape
-    mh = (bilinear_matrix(net_hw[0], out_hw[0]) @ bilinear_matrix(h, net_hw[0])).astype(np.float32)  # (H, h)
-    mw = (bilinear_matrix(net_hw[1], out_hw[1]) @ bilinear_matrix(w, net_hw[1])).astype(np.float32).T  # (w, W)
-    x = np.ascontiguousarray(logits, np.float32) @ mw  # (C, h, W)
+    ih, wh = _taps(bilinear_matrix(net_hw[0], out_hw[0]) @ bilinear_matrix(h, net_hw[0]))
+    iw, ww = _taps(bilinear_matrix(net_hw[1], out_hw[1]) @ bilinear_matrix(w, net_hw[1]))
+    x = np.ascontiguousarray(logits, np.float32)
     out = np.empty(out_hw, np.int64)
     for r in range(0, out_hw[0], rows):
-        band = np.einsum("rh,chw->crw", mh[r:r + rows], x, optimize=True)
+        band = sum(x[:, ih[r:r + rows, k], :] * wh[r:r + rows, k, None] for k in range(ih.shape[1]))
+        band = sum(band[:, :, iw[:, k]] * ww[:, k] for k in range(iw.shape[1]))
         out[r:r + rows] = band.argmax(axis=0)
     return out
 

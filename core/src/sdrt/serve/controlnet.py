@@ -60,6 +60,10 @@ ALIASES["inpaint"] = "inpaint_global_harmonious"
 MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_colorfix+sharp"})
 #: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
 MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
+#: UniFormer's ADE20K segmentation (sdrt.pipelines.uniformerseg): the extension's module "segmentation", its UI's
+#: seg_ufade20k
+MODULES["segmentation"] = "seg_ufade20k"
+ALIASES["segmentation"] = "seg_ufade20k"
 #: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
 MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
 MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
@@ -115,6 +119,9 @@ _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth
 # the lineart models are outside it too (1.1.4xx: no sliders in module_detail, the UI's resolution slider)
 SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
+# the segmentation modules are outside it too (module_detail: no sliders; the UI's resolution slider, 512)
+SLIDERS["segmentation"] = []
+_UI_RES["segmentation"] = _RES
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
