@@ -328,6 +328,7 @@ def test_controlnet_routes(cn_server) -> None:
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "animal_openpose", "inpaint", "inpaint_only", "tile_colorfix",
                                     "tile_colorfix+sharp", "depth_leres", "depth_leres++", "segmentation",
+                                    "anime_face_segment",
                                     "reference_only", "reference_adain", "reference_adain+attn"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
                                                               "max": 255}

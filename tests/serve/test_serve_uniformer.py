@@ -2,7 +2,8 @@
 upernet_global_small.pth in ComfyUI's layout beside the models and gives the map the Python API gives
 (tests/pipelines/test_uniformer_seg.py holds that map against the extension's code); module_detail lists no sliders,
 as the extension's slider config leaves the module out (its UI's resolution slider, 512, is what a request without
-processor_res runs at); a txt2img unit with module seg_ufade20k runs."""
+processor_res runs at); a txt2img unit with module seg_ufade20k runs. The same for the extension's
+anime_face_segment (seg_anime_face), its UNet.pth in the extension's layout above the models folder."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from serve_helpers import png_b64 as _b64
 from serve_helpers import png_rgb as _rgb
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "pipelines"))
+from animeface_helpers import write_file as write_anime_face  # noqa: E402
 from uniformer_helpers import write_file  # noqa: E402
 
 from sdrt.pipelines import preprocessors  # noqa: E402
@@ -35,6 +37,7 @@ def root(tmp_path_factory) -> Path:
     root = tmp_path_factory.mktemp("comfy")
     shutil.copytree(DATA, root / "models" / "tiny-cn")
     write_file(root / "custom_nodes" / "comfyui_controlnet_aux" / "ckpts" / "lllyasviel" / "Annotators")
+    write_anime_face(root / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "anime_face_segment")
     return root
 
 
@@ -75,3 +78,15 @@ def test_txt2img_with_a_segmentation_unit(server) -> None:
     assert r.status_code == 200, r.text
     info = r.json()["info"]
     assert "Module: seg_ufade20k" in info and "Threshold A" not in info, info
+
+
+def test_detect_anime_face_segment(server, root) -> None:
+    refs = np.load(Path(__file__).resolve().parents[1] / "data" / "animeface" / "animeface_refs.npz")
+    aliased = requests.get(f"{server}/controlnet/module_list?alias_names=true", timeout=30).json()
+    assert "seg_anime_face" in aliased["module_list"] and aliased["module_detail"]["seg_anime_face"]["sliders"] == []
+    r = requests.post(f"{server}/controlnet/detect", json={
+        "controlnet_module": "anime_face_segment", "controlnet_processor_res": 64,
+        "controlnet_input_images": [_b64(refs["image"])]}, timeout=300)
+    assert r.status_code == 200, r.text
+    got = _rgb(r.json()["images"][0])
+    assert got.shape == (87, 64, 3) and np.array_equal(got, refs["map_64"])  # the extension's map

@@ -93,6 +93,8 @@ ANNOTATORS: dict[str, Files] = {
     # downloads/uniformer (from lllyasviel/ControlNet's annotator/ckpts; ComfyUI: ckpts/lllyasviel/Annotators)
     "seg_ufade20k": Files(("upernet_global_small.pth",), ("uniformer",), ("lllyasviel/Annotators",),
                           "UniFormer's ADE20K segmentor"),
+    "seg_anime_face": Files(("UNet.pth",), ("anime_face_segment",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",),
+                            "the anime face segmentation UNet"),
 }
 
 

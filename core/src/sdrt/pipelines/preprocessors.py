@@ -50,6 +50,7 @@ depth_leres             Remove Near % 0 / Remove Background % 0      padded to 6
                         (0 to 100; ``res101.pth``: ``models``)
 depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
 seg_ufade20k            - (``upernet_global_small.pth``: ``models``) padded to 64        uniformerseg, segpalette
+seg_anime_face          - (``UNet.pth``: ``models``)                 padded to 64        animeface
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
@@ -78,7 +79,7 @@ from .annotators import ANNOTATORS
 from .colormaps import MAX_GAMMA
 from .controlmaps import finite_number
 
-__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "seg_ufade20k", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
+__all__ = ["MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "seg_ufade20k", "seg_anime_face", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost"]
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,7 @@ SPECS: dict[str, Spec] = {
     "depth_leres": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     "depth_leres++": Spec("pad", Slider(0, 0, 100), Slider(0, 0, 100), models=True),
     "seg_ufade20k": Spec("pad", models=True),
+    "seg_anime_face": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
 }
@@ -594,6 +596,15 @@ def seg_ufade20k(models: Any, backend: str = "auto", device: Any = None, where: 
     return _kept("seg_ufade20k", (path,), backend, device, lambda be, dev: UniformerSeg(path, backend=be, device=dev))
 
 
+def seg_anime_face(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.animeface.AnimeFaceSeg` of ``models`` (``UNet.pth`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .animeface import AnimeFaceSeg
+
+    (path,) = model_files("seg_anime_face", models, where)
+    return _kept("seg_anime_face", (path,), backend, device, lambda be, dev: AnimeFaceSeg(path, backend=be, device=dev))
+
+
 def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
                    where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
@@ -758,6 +769,10 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         from .uniformerseg import seg_map
 
         rgb = seg_map(cm.checked_rgb(rgb, "sdrt.pipelines.uniformerseg"), seg_ufade20k(models, backend, device, where))
+    elif name == "seg_anime_face":  # the extension's crop: the map's top-left corner, at 512 whatever the resolution
+        from .animeface import face_map
+
+        rgb = face_map(cm.checked_rgb(rgb, "sdrt.pipelines.animeface"), seg_anime_face(models, backend, device, where))
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))

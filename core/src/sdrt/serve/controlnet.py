@@ -64,6 +64,9 @@ MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
 #: seg_ufade20k
 MODULES["segmentation"] = "seg_ufade20k"
 ALIASES["segmentation"] = "seg_ufade20k"
+#: the anime face segmentation UNet (sdrt.pipelines.animeface): the extension's module anime_face_segment
+MODULES["anime_face_segment"] = "seg_anime_face"
+ALIASES["anime_face_segment"] = "seg_anime_face"
 #: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
 MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
 MODULES.update({m: m for m in MODEL_FREE})  # the modules the extension lists as model_free (model: "None")
@@ -120,8 +123,8 @@ _UI_RES = {"lineart_standard": _RES, "shuffle": _RES, "normal_bae": _RES, "depth
 SLIDERS.update({m: [] for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", "lineart_anime_denoise")})
 # the segmentation modules are outside it too (module_detail: no sliders; the UI's resolution slider, 512)
-SLIDERS["segmentation"] = []
-_UI_RES["segmentation"] = _RES
+SLIDERS["segmentation"] = SLIDERS["anime_face_segment"] = []
+_UI_RES["segmentation"] = _UI_RES["anime_face_segment"] = _RES
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
