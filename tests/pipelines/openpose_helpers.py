@@ -94,10 +94,11 @@ class LongStorage:  # pragma: no cover - a name for pickle (BatchNorm's num_batc
     pass
 
 
-def write_pth(path: Path, arrays: dict[str, np.ndarray], key: str | None = None) -> Path:
+def write_pth(path: Path, arrays: dict[str, np.ndarray], key: str | None = None, extra: dict | None = None) -> Path:
     """``torch.save(state_dict)``'s zip layout: data.pkl (rebuild calls over persistent storages) and one raw
     little-endian storage per tensor (float32; int64 arrays as int64); ``key``: the state dict saved inside a dict
-    under it (``{"state_dict": ...}``, as training scripts save)."""
+    under it (``{"state_dict": ...}``, as training scripts save); ``extra``: plain entries saved beside it (mmcv's
+    ``meta``)."""
     torch_mod = types.ModuleType("torch")
     utils_mod = types.ModuleType("torch._utils")
     torch_mod.FloatStorage, torch_mod.LongStorage = FloatStorage, LongStorage
@@ -131,7 +132,7 @@ def write_pth(path: Path, arrays: dict[str, np.ndarray], key: str | None = None)
             return None
 
     state = OrderedDict((name, _Tensor(str(i), a.shape, a.dtype == np.int64)) for i, (name, a) in enumerate(arrays.items()))
-    top = state if key is None else {key: state}
+    top = state if key is None else {**(extra or {}), key: state}
     sys.modules["torch"], sys.modules["torch._utils"] = torch_mod, utils_mod
     try:
         import io

@@ -327,7 +327,8 @@ def test_controlnet_routes(cn_server) -> None:
                                     "depth", "normal_map",
                                     "hed", "hed_safe", "scribble_hed", "pidinet", "pidinet_safe", "pidinet_scribble",
                                     "softedge_teed", "softedge_anyline", "pidinet_sketch", "animal_openpose", "instant_id_face_keypoints", "inpaint", "inpaint_only", "inpaint_only+lama", "tile_colorfix",
-                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "depth_zoe", "reference_only",
+                                    "tile_colorfix+sharp", "depth_leres", "depth_leres++", "depth_zoe", "segmentation",
+                                    "anime_face_segment", "reference_only",
                                     "reference_adain", "reference_adain+attn", "revision_clipvision",
                                     "revision_ignore_prompt", "clip_vision"]
     assert plain["module_detail"]["canny"]["sliders"][1] == {"name": "Canny Low Threshold", "value": 100, "min": 1,
@@ -347,6 +348,7 @@ def test_controlnet_routes(cn_server) -> None:
 @pytest.mark.parametrize("module, words", [("dw_openpose_full", "needs DWPose's yolox_l.onnx"),
                                             ("openpose", "needs body_pose_model.pth"),
                                             ("normal_bae", "needs scannet.pt"),
+                                            ("segmentation", "needs upernet_global_small.pth"),
                                             ("depth_anything", "needs depth_anything_vitl14.pth"),
 
                                             ("openpose_full", "needs OpenPose's body_pose_model.pth and "

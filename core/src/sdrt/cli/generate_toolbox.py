@@ -62,7 +62,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "rtmpose-m_simcc-ap10k_pt-aic-coco_210e-256x256-7a041aa1_20230206.onnx; openpose: body_pose_model.pth; mlsd: "
                         "mlsd_large_512_fp32.pth; softedge_hed, softedge_hedsafe, scribble_hed: ControlNetHED.pth; "
                         "softedge_pidinet, softedge_pidisafe, scribble_pidinet: table5_pidinet.pth; softedge_teed: "
-                        "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; depth_leres: res101.pth (depth_leres++: with "
+                        "7_model.pth; softedge_anyline: MTEED.pth; normal_bae: scannet.pt; seg_ufade20k: upernet_global_small.pth; seg_anime_face: UNet.pth; depth_leres: res101.pth (depth_leres++: with "
                         "latest_net_G.pth); depth_zoe: ZoeD_M12_N.pt; openpose_hand, openpose_face(only), openpose_full: body_pose_model.pth with "
                         "hand_pose_model.pth and/or facenet.pth; inpaint_only+lama: ControlNetLama.pth; instant_id_face_keypoints: "
                         "InsightFace antelopev2's scrfd_10g_bnkps.onnx; ...), or an A1111 or "

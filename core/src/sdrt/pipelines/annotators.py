@@ -106,13 +106,19 @@ ANNOTATORS: dict[str, Files] = {
     # clip_vitl.pth (openai/clip-vit-large-patch14's pytorch_model.bin, saved under that name)
     "t2ia_style_clipvision": Files(("clip_vitl.pth",), ("clip_vision",), ("openai/clip-vit-large-patch14",),
                                    "CLIP ViT-L/14", ("clip_vision_l.safetensors", "clip-vit-large-patch14.safetensors")),
+    # UniFormer's ADE20K segmentor: the extension reads it from annotator/uniformer first (its old place), then
+    # downloads/uniformer (from lllyasviel/ControlNet's annotator/ckpts; ComfyUI: ckpts/lllyasviel/Annotators)
+    "seg_ufade20k": Files(("upernet_global_small.pth",), ("uniformer",), ("lllyasviel/Annotators",),
+                          "UniFormer's ADE20K segmentor"),
+    "seg_anime_face": Files(("UNet.pth",), ("anime_face_segment",), ("bdsqlsz/qinglong_controlnet-lllite/Annotators",),
+                            "the anime face segmentation UNet"),
 }
 
 
 #: the extension's folders whose files it still reads first from its older place, the annotator's own code folder
-#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres``), before
+#: (``old_modeldir``, ``annotator/mlsd`` / ``annotator/midas`` / ``annotator/leres`` / ``annotator/uniformer``), before
 #: ``annotator/downloads/<folder>``
-OLD_FOLDERS = ("mlsd", "midas", "leres")
+OLD_FOLDERS = ("mlsd", "midas", "leres", "uniformer")
 
 
 def layouts(files: Files) -> list[str]:

@@ -52,6 +52,8 @@ depth_leres             Remove Near % 0 / Remove Background % 0      padded to 6
                         (0 to 100; ``res101.pth``: ``models``)
 depth_leres++           as depth_leres (and ``latest_net_G.pth``)    padded to 64        leresboost, leresdepth
 depth_zoe               - (``ZoeD_M12_N.pt``: ``models``)            padded to 64        zoedepth
+seg_ufade20k            - (``upernet_global_small.pth``: ``models``) padded to 64        uniformerseg, segpalette
+seg_anime_face          - (``UNet.pth``: ``models``)                 padded to 64        animeface
 reference_only          Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain         Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
 reference_adain+attn    Style Fidelity 0.5 (0 to 1; the picture)     -                   refattn
@@ -87,7 +89,7 @@ from .controlmaps import finite_number
 
 #: LaMa's fill before the inpaint hint (sdrt.pipelines.lamafill)
 LAMA = "inpaint_only+lama"
-__all__ = ["LAMA", "lama", "lama_fill", "MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost", "zoe"]
+__all__ = ["LAMA", "lama", "lama_fill", "MAX_NET_PIXELS", "NAMES", "held", "keep_preprocessors", "kept_detectors", "release", "Detector", "detector", "kind_of", "SPECS", "WITH_MODELS", "check_net_pixels", "map_size", "model_files", "SOFTEDGE", "softedge_map", "softedge_net", "depth_anything", "dwpose", "lineart", "midas", "mlsd", "normal_bae", "openpose_body", "openpose_parts", "pose_detect", "pose_map", "Slider", "Spec", "check_thresholds", "preprocess", "threshold_fields", "leres", "leres_boost", "zoe", "seg_ufade20k", "seg_anime_face"]
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ SPECS: dict[str, Spec] = {
     # InstantID's ControlNet hint: the largest face's 5 points (InsightFace antelopev2's detector; sdrt.pipelines.faces)
     "instant_id_face_keypoints": Spec("pad", models=True),
     "depth_zoe": Spec("pad", models=True),
+    "seg_ufade20k": Spec("pad", models=True),
+    "seg_anime_face": Spec("pad", models=True),
     # the picture as it is: its latent guides the UNet's attention (sdrt.pipelines.refattn); low: style fidelity
     **{n: Spec(None, Slider(0.5, 0, 1)) for n in ("reference_only", "reference_adain", "reference_adain+attn")},
     # no map: the picture's CLIP embedding replaces SDXL's pooled text vector (sdrt.pipelines.revision); low: the
@@ -630,6 +634,24 @@ def normal_bae(models: Any, backend: str = "auto", device: Any = None, where: st
     return _kept("normal_bae", (path,), backend, device, lambda be, dev: NormalBae(path, backend=be, device=dev))
 
 
+def seg_ufade20k(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.uniformerseg.UniformerSeg` of ``models`` (``upernet_global_small.pth`` or a folder
+    holding it in the extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .uniformerseg import UniformerSeg
+
+    (path,) = model_files("seg_ufade20k", models, where)
+    return _kept("seg_ufade20k", (path,), backend, device, lambda be, dev: UniformerSeg(path, backend=be, device=dev))
+
+
+def seg_anime_face(models: Any, backend: str = "auto", device: Any = None, where: str = "models") -> Any:
+    """The :class:`sdrt.pipelines.animeface.AnimeFaceSeg` of ``models`` (``UNet.pth`` or a folder holding it in the
+    extension's or ComfyUI's layout), kept as :func:`dwpose`'s are."""
+    from .animeface import AnimeFaceSeg
+
+    (path,) = model_files("seg_anime_face", models, where)
+    return _kept("seg_anime_face", (path,), backend, device, lambda be, dev: AnimeFaceSeg(path, backend=be, device=dev))
+
+
 def depth_anything(models: Any, name: str = "depth_anything", backend: str = "auto", device: Any = None,
                    where: str = "models") -> Any:
     """The :class:`sdrt.pipelines.depthanything.DepthAnything` of ``models`` for ``name`` (``depth_anything``: V1,
@@ -824,6 +846,14 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
         from .normalbae import normal_map
 
         rgb = normal_map(cm.checked_rgb(rgb, "sdrt.pipelines.normalbae"), normal_bae(models, backend, device, where))
+    elif name == "seg_ufade20k":  # the detector pads to 64 itself without a resolution
+        from .uniformerseg import seg_map
+
+        rgb = seg_map(cm.checked_rgb(rgb, "sdrt.pipelines.uniformerseg"), seg_ufade20k(models, backend, device, where))
+    elif name == "seg_anime_face":  # the extension's crop: the map's top-left corner, at 512 whatever the resolution
+        from .animeface import face_map
+
+        rgb = face_map(cm.checked_rgb(rgb, "sdrt.pipelines.animeface"), seg_anime_face(models, backend, device, where))
     elif name in ("depth_anything", "depth_anything_v2"):
         det = depth_anything(models, name, backend, device, where)
         rgb = cm.to_rgb(det.map(cm.checked_rgb(rgb, "sdrt.pipelines.depthanything")))

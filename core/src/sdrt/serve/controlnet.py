@@ -63,6 +63,13 @@ MODULES.update({"tile_colorfix": "tile_colorfix", "tile_colorfix+sharp": "tile_c
 #: LeReS depth (sdrt.pipelines.leresdepth) and with its boost merge (sdrt.pipelines.leresboost)
 MODULES.update({"depth_leres": "depth_leres", "depth_leres++": "depth_leres++"})
 MODULES["depth_zoe"] = "depth_zoe"  # ZoeDepth (sdrt.pipelines.zoedepth)
+#: UniFormer's ADE20K segmentation (sdrt.pipelines.uniformerseg): the extension's module "segmentation", its UI's
+#: seg_ufade20k
+MODULES["segmentation"] = "seg_ufade20k"
+ALIASES["segmentation"] = "seg_ufade20k"
+#: the anime face segmentation UNet (sdrt.pipelines.animeface): the extension's module anime_face_segment
+MODULES["anime_face_segment"] = "seg_anime_face"
+ALIASES["anime_face_segment"] = "seg_anime_face"
 #: the extension's reference modules (sdrt.pipelines.refattn): no model, the unit's picture guides the UNet itself
 MODEL_FREE = ("reference_only", "reference_adain", "reference_adain+attn")
 #: the extension's Revision modules (sdrt.pipelines.revision): no model either; their image encoder (OpenCLIP
@@ -134,6 +141,9 @@ _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", 
 # depth_zoe: no sliders in module_detail (the extension's resolution None), its UI's default resolution slider
 SLIDERS["depth_zoe"] = []
 _UI_RES["depth_zoe"] = _RES
+# the segmentation modules are outside it too (module_detail: no sliders; the UI's resolution slider, 512)
+SLIDERS["segmentation"] = SLIDERS["anime_face_segment"] = []
+_UI_RES["segmentation"] = _UI_RES["anime_face_segment"] = _RES
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
