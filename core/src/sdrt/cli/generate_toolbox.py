@@ -290,7 +290,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
                               ("hr_option", "--control-hr-option"),
-                              ("control_mask", "--control-mask"))})
+                              ("control_mask", "--control-mask"), ("face_tokens", "--control-face-tokens"))})
         perfect = _per_unit([v == "on" for v in args.control_pixel_perfect], n, "--control-pixel-perfect")
         for k in range(n):  # a resolution the pipeline refuses (a network's image too large at it): the flag that gave it
             name = "--control-pixel-perfect" if perfect[k] else "--control-processor-res"

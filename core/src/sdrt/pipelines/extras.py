@@ -70,6 +70,12 @@ class ToolboxMixin:
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is not None:  # Flux / SD3 ControlNets: residual inputs on the transformer only while a net is asked
             if tb.controlnets:
+                for k, unit in enumerate(tb.controlnets):  # InstantID's net is SDXL's: no face tokens left aside
+                    if unit.face_tokens:
+                        where = f"controlnets[{tb.place(unit, k)}] face_tokens"
+                        raise InputError(f"{where} is on, and InstantID's ControlNet (which reads the face tokens) is "
+                                         f"an SDXL one: a {self.family.label} ControlNet reads the prompt",  # type: ignore[attr-defined]
+                                         where=where, fix=f"turn off {where}, or run InstantID on an SDXL model")
                 nets.prepare(self, s)
             else:
                 nets.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]

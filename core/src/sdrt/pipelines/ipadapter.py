@@ -558,9 +558,9 @@ def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: 
         place = wanted[0][1]
         raise InputError(f"{place} is InstantID's ControlNet: its text is the face tokens of an InstantID IP-Adapter, "
                          "and the run has none", where=place,
-                         fix="pass ip_adapter=IPAdapter(InstantID's ip-adapter.bin, image=the face, face_models=the "
-                             f"antelopev2 folder) too, or {place} face_tokens=False for a ControlNet that reads the "
-                             "prompt")
+                         fix="pass {@ip_adapter} InstantID's ip-adapter.bin too ({@ip_adapter_image} the face, "
+                             "{@face_models} the antelopev2 folder), or turn off " + f"{place} face_tokens for a "
+                             "ControlNet that reads the prompt")
     if len(ids) > 1 and len(ids) != len(wanted):
         raise InputError(f"{len(wanted)} InstantID ControlNets and {len(ids)} InstantID IP-Adapters: which face each "
                          "net reads cannot be told", where=wanted[0][1],
