@@ -238,3 +238,34 @@ def test_face_tokens_on_a_transformers_controlnet_is_refused():
             pipe.generate("a cat", steps=1, width=64, height=64,
                           controlnets=[ControlNet(net, np.zeros((64, 64, 3), np.uint8), face_tokens=True)])
     assert info.value.where == "controlnets[0] face_tokens"
+
+
+def test_the_pipeline_embeds_the_largest_face_not_the_best_scored(files, monkeypatch):
+    """The stand-in detector's boxes are all ~48 px, so its best-scored face is also its largest and the reference run
+    cannot tell the two rules apart: here a larger, lower-scored face is added to what it finds, and the InstantID
+    adapter's embedding is that face's (the FaceID rule, the first face, would embed another)."""
+    from sdrt.pipelines import ipadapter
+    from sdrt.pipelines.faces import FaceModels
+
+    real_detect, real_embed = FaceModels.detect, FaceModels.embed
+    big: list[Face] = []
+    embedded: list[Face] = []
+
+    def detect(self, rgb):
+        found = real_detect(self, rgb)
+        last = found[-1]
+        big[:] = [Face(last.bbox + np.array([-20, -20, 20, 20], np.float32), 0.55, last.kps)]
+        return [*found, *big]
+
+    def embed(self, rgb, face, normed=True):
+        embedded.append(face)
+        return real_embed(self, rgb, face, normed)
+
+    monkeypatch.setattr(FaceModels, "detect", detect)
+    monkeypatch.setattr(FaceModels, "embed", embed)
+    register("reference")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        ad = open_ip_adapter(files[0], base="sdxl", text_width=64)
+        unit = IPAdapter(files[0], image=ff.face_picture(), face_models=files[1])
+        ipadapter.face_inputs(pipe, ad, unit, 0, 1)
+    assert embedded and embedded[-1] is big[0]
