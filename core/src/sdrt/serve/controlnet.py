@@ -599,13 +599,18 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     # the passes of the hires fix the unit takes part in; without the fix the extension runs every unit as "Both"
     hr = _choice(unit.get("hr_option") if unit.get("hr_option") is not None else 0, HR_OPTIONS, f("hr_option"))
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
+    from ..pipelines.controlnet import names_instantid
+
     made = make(None if net is None else str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=perfect, control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
                 # inpaint_full_res: the control image cut to the area repainted, as the extension (on by default)
                 inpaint_crop=bool(flag("inpaint_crop_input_image", True)),
-                hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0])
+                hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0],
+                # InstantID's net by its name alone, as the extension tells the model type (not by the module: an
+                # instant_id_face_keypoints map sent to another net leaves that net reading the prompt)
+                face_tokens=None if net is None else names_instantid(net.path))
     return made, reads
 
 
