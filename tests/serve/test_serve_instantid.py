@@ -117,3 +117,15 @@ def test_the_keypoints_module_on_another_net_leaves_it_reading_the_prompt(server
     units[1]["model"] = "control_canny_tiny"
     assert np.abs(image(units) - face).max() > 50
     image(units[1:])
+
+
+def test_a_picture_without_a_face_is_a_400_on_that_units_image(server) -> None:
+    for k in (0, 1):  # the adapter unit's face picture, then the keypoint unit's
+        units = _units("instant_id_face_keypoints", ff.face_picture())
+        units[k]["image"] = _b64(ff.no_face_picture())
+        r = requests.post(f"{server}/sdapi/v1/txt2img", json=_body(units), timeout=300)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert "no face" in body["message"] and "\n" not in body["message"], body
+        assert "preprocessor none" not in body["message"], body  # the pipeline's words, not the request's
+        assert body.get("field") == ("alwayson_scripts.controlnet.args[0].image", "alwayson_scripts.controlnet.args[1]")[k], body
