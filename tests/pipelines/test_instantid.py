@@ -269,3 +269,24 @@ def test_the_pipeline_embeds_the_largest_face_not_the_best_scored(files, monkeyp
         unit = IPAdapter(files[0], image=ff.face_picture(), face_models=files[1])
         ipadapter.face_inputs(pipe, ad, unit, 0, 1)
     assert embedded and embedded[-1] is big[0]
+
+
+def test_instantid_on_an_sd15_model_is_refused_on_face_tokens_and_otherwise_reads_the_prompt(tmp_path):
+    """InstantID is SDXL's: ``face_tokens=True`` on an SD 1.x net is one error on it (not "pass an InstantID adapter",
+    which the model would refuse next), and an SD 1.x net whose name says InstantID (or given the keypoint
+    preprocessor) reads the prompt, as with ``face_tokens=False``, not an error."""
+    import shutil
+
+    register("reference")
+    hint = REFS["hint64"]
+    folder = DATA / "tiny-sd15-controlnet"
+    named = tmp_path / "control_instant_id_sd15"
+    shutil.copytree(folder / "controlnet", named)
+    kw = dict(steps=1, width=64, height=64, seed=5)
+    with pipelines.load(folder, backend="reference") as pipe:
+        with pytest.raises(InputError, match="SDXL") as info:
+            pipe.generate("a cat", controlnets=[ControlNet("controlnet", hint, face_tokens=True)], **kw)
+        assert info.value.where == "controlnets[0] face_tokens" and "ip_adapter" not in str(info.value)
+        a = pipe.generate("a cat", controlnets=[ControlNet(named, hint, face_tokens=False)], **kw).images[0]
+        b = pipe.generate("a cat", controlnets=[ControlNet(named, hint)], **kw).images[0]
+    assert np.array_equal(np.asarray(a), np.asarray(b))

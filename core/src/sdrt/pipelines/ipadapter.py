@@ -541,16 +541,18 @@ def conditioning(preps: list[Prepared], part: Part, cond: Conditioning, uncond: 
     return cond, uncond
 
 
-def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: list[str]) -> None:
+def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: list[str], sdxl: bool = True) -> None:
     """Each ControlNet unit that reads InstantID's face tokens (:attr:`sdrt.pipelines.ControlNet.reads_face_tokens`)
     gets them as its text (``unit.context``, :func:`sdrt.pipelines.controlnet.face_context`): those of the run's
     InstantID adapter, or with several, the k-th net the k-th adapter's (sd-webui-controlnet pairs each InstantID
-    ControlNet unit with the IP-Adapter unit before it). ``places``: the units' argument names, for errors."""
+    ControlNet unit with the IP-Adapter unit before it). ``places``: the units' argument names, for errors. ``sdxl``
+    False (another family, which has no InstantID): a net told by its name or preprocessor reads the prompt."""
     from ..checkpoint.ipattention import input_names
 
     for unit in units:
         unit.context = None
-    wanted = [(unit, place) for unit, place in zip(units, places) if unit.reads_face_tokens]
+    wanted = [(unit, place) for unit, place in zip(units, places) if unit.reads_face_tokens
+              and (sdxl or unit.face_tokens)]
     if not wanted:
         return
     ids = [p for p in preps or [] if p.ad.kind == "instantid"]
