@@ -101,6 +101,9 @@ def test_an_instantid_controlnet_without_its_adapter_unit_is_a_400(server) -> No
     body = r.json()
     assert "InstantID's ControlNet" in body["message"] and "\n" not in body["message"], body
     assert body.get("field") == "alwayson_scripts.controlnet.args[0]", body
+    # the request's words: its units and fields, not the pipeline's arguments
+    assert "instant_id_face_embedding unit" in body["message"], body
+    assert "ip_adapter" not in body["message"] and "face_tokens" not in body["message"], body
 
 
 def test_the_keypoints_module_on_another_net_leaves_it_reading_the_prompt(server) -> None:

@@ -353,6 +353,22 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
     return out, notes, ignored, fields
 
 
+def check_instantid(nets: list[Any], ips: list[Any], fields: dict[str, str]) -> None:
+    """A 400 on the unit of an InstantID ControlNet (told by its model's name, as the extension tells it) in a request
+    with no InstantID adapter unit, in the request's words (the pipeline's refusal speaks of its arguments)."""
+    from ..pipelines.ipadapter import face_module
+
+    if any(face_module(Path(str(ip.adapter))) == "instant_id_face_embedding" for ip in ips):
+        return
+    for k, net in enumerate(nets):
+        if net.face_tokens:
+            where = fields.get(f"controlnets[{k}]", f"controlnets[{k}]")
+            raise ApiError(400, f"{where}.model: {Path(str(net.net)).name} is InstantID's ControlNet (its name says "
+                                "instant_id): its text is the face tokens of an instant_id_face_embedding unit, and "
+                                "the request has none; put an instant_id_face_embedding unit (model: InstantID's "
+                                "adapter, e.g. ip-adapter_instant_id_sdxl; image: the face) before it", field=where)
+
+
 def is_ip_module(value: Any) -> bool:
     return isinstance(value, str) and value.strip().casefold() in IP_MODULES
 
