@@ -191,3 +191,102 @@ def test_generate_cli_face_tokens_flag_for_a_net_of_another_name(files, tmp_path
             got = np.asarray(img.convert("RGB"))
         diff = int(np.abs(got.astype(int) - REFS[case["name"]][0]).max())
         assert (diff <= 1) if same else (diff > 50), (flag, diff)
+
+
+def test_a_users_instantid_folder_does_not_make_its_ordinary_nets_face_token_ones():
+    """A folder of the user's that says InstantID ("instantid-tests") holding an ordinary ControlNet in a diffusers
+    ``controlnet`` folder (or an Optimum one's ``controlnet/model.onnx``): ``controlnet`` is a net's own name there,
+    not a generic one to look past, so the net reads the prompt; InstantX's ``ControlNetModel`` is still looked past."""
+    img = REFS["hint64"]
+    for path in ("instantid-tests/controlnet", "instantid-tests/controlnet/diffusion_pytorch_model.safetensors",
+                 "instantid-tests/controlnet/model.onnx", "my-instant_id-sdxl/controlnet"):
+        assert not ControlNet(path, img).reads_face_tokens, path
+    assert ControlNet("InstantID/ControlNetModel", img).reads_face_tokens
+    assert ControlNet("instantid/ControlNetModel/diffusion_pytorch_model.fp16.safetensors", img).reads_face_tokens
+
+
+def test_the_cli_says_a_face_token_net_without_its_adapter_in_its_flags(tmp_path, capsys):
+    """The refusal of a face-token ControlNet with no InstantID adapter names the command line's flags, not the
+    API's ``ip_adapter=IPAdapter(...)`` / ``face_tokens=False``."""
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    register("reference")
+    hint = tmp_path / "kps.png"
+    Image.fromarray(REFS["hint64"]).save(hint)
+    rc = main(["generate", str(FOLDER), "a cat", "--steps", "1", "--width", "64", "--height", "64", "--backend",
+               "reference", "-o", str(tmp_path / "o.png"), "--control-image", str(hint), "--control-face-tokens", "on"])
+    err = capsys.readouterr().err
+    assert rc != 0 and "InstantID's ControlNet" in err, err
+    line = next(x for x in err.splitlines() if x.startswith("error:"))
+    assert "--ip-adapter" in line and "--face-models" in line and "--control-face-tokens" in line, line
+    assert "IPAdapter(" not in line and "face_tokens" not in line and "ip_adapter" not in line, line
+
+
+def test_face_tokens_on_a_transformers_controlnet_is_refused():
+    """InstantID's ControlNet is SDXL's: ``face_tokens=True`` on an SD3 (or Flux) ControlNet, whose text stream the
+    face tokens cannot replace, is one error on the unit, not left aside."""
+    from sdrt.checkpoint.controlnet import open_controlnet
+
+    register("reference")
+    nets = DATA / "tiny-sd3-controlnet"
+    net = open_controlnet(nets / "canny" / "diffusion_pytorch_model.safetensors",
+                          graph=nets / "sd35_medium_transformer.onnx")
+    with pipelines.load(DATA / "tiny-sd3", backend="reference") as pipe:
+        with pytest.raises(InputError, match="face_tokens") as info:
+            pipe.generate("a cat", steps=1, width=64, height=64,
+                          controlnets=[ControlNet(net, np.zeros((64, 64, 3), np.uint8), face_tokens=True)])
+    assert info.value.where == "controlnets[0] face_tokens"
+
+
+def test_the_pipeline_embeds_the_largest_face_not_the_best_scored(files, monkeypatch):
+    """The stand-in detector's boxes are all ~48 px, so its best-scored face is also its largest and the reference run
+    cannot tell the two rules apart: here a larger, lower-scored face is added to what it finds, and the InstantID
+    adapter's embedding is that face's (the FaceID rule, the first face, would embed another)."""
+    from sdrt.pipelines import ipadapter
+    from sdrt.pipelines.faces import FaceModels
+
+    real_detect, real_embed = FaceModels.detect, FaceModels.embed
+    big: list[Face] = []
+    embedded: list[Face] = []
+
+    def detect(self, rgb):
+        found = real_detect(self, rgb)
+        last = found[-1]
+        big[:] = [Face(last.bbox + np.array([-20, -20, 20, 20], np.float32), 0.55, last.kps)]
+        return [*found, *big]
+
+    def embed(self, rgb, face, normed=True):
+        embedded.append(face)
+        return real_embed(self, rgb, face, normed)
+
+    monkeypatch.setattr(FaceModels, "detect", detect)
+    monkeypatch.setattr(FaceModels, "embed", embed)
+    register("reference")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        ad = open_ip_adapter(files[0], base="sdxl", text_width=64)
+        unit = IPAdapter(files[0], image=ff.face_picture(), face_models=files[1])
+        ipadapter.face_inputs(pipe, ad, unit, 0, 1)
+    assert embedded and embedded[-1] is big[0]
+
+
+def test_instantid_on_an_sd15_model_is_refused_on_face_tokens_and_otherwise_reads_the_prompt(tmp_path):
+    """InstantID is SDXL's: ``face_tokens=True`` on an SD 1.x net is one error on it (not "pass an InstantID adapter",
+    which the model would refuse next), and an SD 1.x net whose name says InstantID (or given the keypoint
+    preprocessor) reads the prompt, as with ``face_tokens=False``, not an error."""
+    import shutil
+
+    register("reference")
+    hint = REFS["hint64"]
+    folder = DATA / "tiny-sd15-controlnet"
+    named = tmp_path / "control_instant_id_sd15"
+    shutil.copytree(folder / "controlnet", named)
+    kw = dict(steps=1, width=64, height=64, seed=5)
+    with pipelines.load(folder, backend="reference") as pipe:
+        with pytest.raises(InputError, match="SDXL") as info:
+            pipe.generate("a cat", controlnets=[ControlNet("controlnet", hint, face_tokens=True)], **kw)
+        assert info.value.where == "controlnets[0] face_tokens" and "ip_adapter" not in str(info.value)
+        a = pipe.generate("a cat", controlnets=[ControlNet(named, hint, face_tokens=False)], **kw).images[0]
+        b = pipe.generate("a cat", controlnets=[ControlNet(named, hint)], **kw).images[0]
+    assert np.array_equal(np.asarray(a), np.asarray(b))

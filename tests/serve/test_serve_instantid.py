@@ -46,6 +46,7 @@ def models(tmp_path_factory) -> Path:
     path.rename(root / "ControlNet" / "ip-adapter_instant_id_sdxl.safetensors")
     shutil.copytree(DATA / "pipelines" / "tiny-sdxl-controlnet" / "controlnet",
                     root / "ControlNet" / "control_instant_id_sdxl")
+    shutil.copytree(DATA / "pipelines" / "tiny-sdxl-controlnet" / "controlnet", root / "ControlNet" / "control_canny_tiny")
     fx.antelopev2(root / "insightface" / "models")
     return root
 
@@ -100,3 +101,34 @@ def test_an_instantid_controlnet_without_its_adapter_unit_is_a_400(server) -> No
     body = r.json()
     assert "InstantID's ControlNet" in body["message"] and "\n" not in body["message"], body
     assert body.get("field") == "alwayson_scripts.controlnet.args[0]", body
+    # the request's words: its units and fields, not the pipeline's arguments
+    assert "instant_id_face_embedding unit" in body["message"], body
+    assert "ip_adapter" not in body["message"] and "face_tokens" not in body["message"], body
+
+
+def test_the_keypoints_module_on_another_net_leaves_it_reading_the_prompt(server) -> None:
+    """The extension tells InstantID's ControlNet by its model's name alone: an instant_id_face_keypoints map sent to
+    another net (the same weights under an ordinary name) leaves that net reading the prompt, 50+ levels from the
+    InstantID net's image, not a face-token net (nor, without the adapter unit, a 400)."""
+    def image(units: list[dict]) -> np.ndarray:
+        r = requests.post(f"{server}/sdapi/v1/txt2img", json=_body(units), timeout=300)
+        assert r.status_code == 200, r.text
+        return np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB")).astype(int)
+
+    units = _units("instant_id_face_keypoints", ff.face_picture())
+    face = image(units)
+    units[1]["model"] = "control_canny_tiny"
+    assert np.abs(image(units) - face).max() > 50
+    image(units[1:])
+
+
+def test_a_picture_without_a_face_is_a_400_on_that_units_image(server) -> None:
+    for k in (0, 1):  # the adapter unit's face picture, then the keypoint unit's
+        units = _units("instant_id_face_keypoints", ff.face_picture())
+        units[k]["image"] = _b64(ff.no_face_picture())
+        r = requests.post(f"{server}/sdapi/v1/txt2img", json=_body(units), timeout=300)
+        assert r.status_code == 400, r.text
+        body = r.json()
+        assert "no face" in body["message"] and "\n" not in body["message"], body
+        assert "preprocessor none" not in body["message"], body  # the pipeline's words, not the request's
+        assert body.get("field") == ("alwayson_scripts.controlnet.args[0].image", "alwayson_scripts.controlnet.args[1]")[k], body

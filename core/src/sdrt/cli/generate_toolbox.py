@@ -145,8 +145,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "(models/insightface/models/buffalo_l) keep it; run on the chosen backend. FaceID's LoRA "
                         "(..._lora.safetensors) is passed with --lora. InstantID's adapter (ip-adapter.bin, "
                         "ip-adapter_instant_id_sdxl.bin) reads antelopev2 (scrfd_10g_bnkps.onnx, glintr100.onnx) "
-                        "instead, found the same ways; its ControlNet (a --controlnet whose path names instant_id / "
-                        "InstantID) then reads the face tokens as its text")
+                        "instead, found the same ways; its ControlNet (a --controlnet whose file or folder name says "
+                        "instant_id / InstantID, or --control-face-tokens) then reads the face tokens as its text")
     i.add_argument("--ip-adapter-s-scale", action="append", type=float, default=[], metavar="X",
                    help="FaceID Plus v2's s_scale: how much of the face embedding's own tokens are added (default 1)")
     h = p.add_argument_group("hires fix (A1111's)")
@@ -293,7 +293,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
             f"controlnets[{k}] {arg}": name if n == 1 else f"the {_ordinal(k + 1)} {name}" for k in range(n)
             for arg, name in (("low", "--control-threshold-a"), ("high", "--control-threshold-b"),
                               ("hr_option", "--control-hr-option"),
-                              ("control_mask", "--control-mask"))})
+                              ("control_mask", "--control-mask"), ("face_tokens", "--control-face-tokens"))})
         perfect = _per_unit([v == "on" for v in args.control_pixel_perfect], n, "--control-pixel-perfect")
         for k in range(n):  # a resolution the pipeline refuses (a network's image too large at it): the flag that gave it
             name = "--control-pixel-perfect" if perfect[k] else "--control-processor-res"

@@ -224,7 +224,9 @@ class ControlNet:
 
 #: names of a net's file or folder that say nothing of it: the folder above is read instead (InstantX's
 #: ``InstantID/ControlNetModel/diffusion_pytorch_model.safetensors``)
-_GENERIC = frozenset(n.casefold() for n in ("model.onnx", *WEIGHTS_NAMES, "ControlNetModel", "controlnet"))
+#: (not ``controlnet``: a diffusers or Optimum pipeline's subfolder, whose parent names the whole model or a folder of
+#: the user's, e.g. ``instantid-tests/controlnet`` holding a canny net)
+_GENERIC = frozenset(n.casefold() for n in ("model.onnx", *WEIGHTS_NAMES, "ControlNetModel"))
 
 
 def names_instantid(path: Any) -> bool:

@@ -72,6 +72,7 @@ class ToolboxMixin:
         nets = _transformer_nets(self.family.name)  # type: ignore[attr-defined]
         if nets is not None:  # Flux / SD3 ControlNets: residual inputs on the transformer only while a net is asked
             if tb.controlnets:
+                self._no_face_tokens(tb)
                 nets.prepare(self, s)
             else:
                 nets.use_residuals(self.denoiser, None)  # type: ignore[attr-defined]
@@ -86,6 +87,8 @@ class ToolboxMixin:
                 raise InputError(f"this model's {unet.name} takes no ControlNet residuals", where="controlnets",
                                  fix="use a model folder exported for ControlNet (its UNet takes "
                                      "down_block_additional_residual_*), or leave {@controlnets} out")
+            if self.family.name != "sdxl":  # type: ignore[attr-defined]
+                self._no_face_tokens(tb)
             for k, unit in enumerate(tb.controlnets):
                 k = tb.place(unit, k)  # noqa: PLW2901 - its place among all the units given (reference units too)
                 cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet",  # type: ignore[attr-defined]
@@ -234,6 +237,16 @@ class ToolboxMixin:
             # hr_y, hr_x), LaMa fills that; the first pass gets the map fitted down, the second pass it as made
             tw, th = s.toolbox.hires.target(s.width, s.height)
             unit.detected = cn.detect(unit, tw, th, f"controlnets[{k}]")
+
+    def _no_face_tokens(self, tb: Toolbox) -> None:
+        """InstantID's ControlNet is SDXL's: ``face_tokens=True`` on another family's net is refused, not left aside
+        (told by its name or the keypoint preprocessor there, a net reads the prompt: :func:`ipadapter.face_contexts`)."""
+        for k, unit in enumerate(tb.controlnets):
+            if unit.face_tokens:
+                where = f"controlnets[{tb.place(unit, k)}] face_tokens"
+                raise InputError(f"{where} is on, and InstantID's ControlNet (which reads the face tokens) is an SDXL "
+                                 f"one: a {self.family.label} ControlNet reads the prompt",  # type: ignore[attr-defined]
+                                 where=where, fix=f"turn off {where}, or run InstantID on an SDXL model")
 
     def _prepare_ip_adapter(self, s: Settings) -> None:
         """The UNet with IP attention for the adapters asked for (one more attention a layer each), as its file
@@ -632,7 +645,8 @@ class ToolboxMixin:
 
         # InstantID's ControlNet reads the face tokens of the run's InstantID IP-Adapter (sdrt.pipelines.ipadapter)
         face_contexts(getattr(self, "_ip_prepared", None), self.denoiser,  # type: ignore[attr-defined]
-                      units, [f"controlnets[{tb.place(u, k)}]" for k, u in enumerate(units)])
+                      units, [f"controlnets[{tb.place(u, k)}]" for k, u in enumerate(units)],
+                      sdxl=self.family.name == "sdxl")  # type: ignore[attr-defined]
         # the hires pass: the first pass's map resized to its size; the next image's first pass at its own again
         for k, unit in enumerate(units):
             if unit.control is None or tuple(unit.control.shape[-2:]) != (height, width):

@@ -541,16 +541,18 @@ def conditioning(preps: list[Prepared], part: Part, cond: Conditioning, uncond: 
     return cond, uncond
 
 
-def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: list[str]) -> None:
+def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: list[str], sdxl: bool = True) -> None:
     """Each ControlNet unit that reads InstantID's face tokens (:attr:`sdrt.pipelines.ControlNet.reads_face_tokens`)
     gets them as its text (``unit.context``, :func:`sdrt.pipelines.controlnet.face_context`): those of the run's
     InstantID adapter, or with several, the k-th net the k-th adapter's (sd-webui-controlnet pairs each InstantID
-    ControlNet unit with the IP-Adapter unit before it). ``places``: the units' argument names, for errors."""
+    ControlNet unit with the IP-Adapter unit before it). ``places``: the units' argument names, for errors. ``sdxl``
+    False (another family, which has no InstantID): a net told by its name or preprocessor reads the prompt."""
     from ..checkpoint.ipattention import input_names
 
     for unit in units:
         unit.context = None
-    wanted = [(unit, place) for unit, place in zip(units, places) if unit.reads_face_tokens]
+    wanted = [(unit, place) for unit, place in zip(units, places) if unit.reads_face_tokens
+              and (sdxl or unit.face_tokens)]
     if not wanted:
         return
     ids = [p for p in preps or [] if p.ad.kind == "instantid"]
@@ -558,9 +560,9 @@ def face_contexts(preps: list[Prepared] | None, part: Part, units: Any, places: 
         place = wanted[0][1]
         raise InputError(f"{place} is InstantID's ControlNet: its text is the face tokens of an InstantID IP-Adapter, "
                          "and the run has none", where=place,
-                         fix="pass ip_adapter=IPAdapter(InstantID's ip-adapter.bin, image=the face, face_models=the "
-                             f"antelopev2 folder) too, or {place} face_tokens=False for a ControlNet that reads the "
-                             "prompt")
+                         fix="pass {@ip_adapter} InstantID's ip-adapter.bin too ({@ip_adapter_image} the face, "
+                             "{@face_models} the antelopev2 folder), or turn off " + f"{place} face_tokens for a "
+                             "ControlNet that reads the prompt")
     if len(ids) > 1 and len(ids) != len(wanted):
         raise InputError(f"{len(wanted)} InstantID ControlNets and {len(ids)} InstantID IP-Adapters: which face each "
                          "net reads cannot be told", where=wanted[0][1],

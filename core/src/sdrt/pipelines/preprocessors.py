@@ -549,14 +549,15 @@ def face_detector(models: Any, backend: str = "auto", device: Any = None, where:
 def face_keypoints(rgb: np.ndarray, detector: Any, where: str = "image") -> np.ndarray:
     """sd-webui-controlnet's ``instant_id_face_keypoints`` map of an image (already at its resolution, padded):
     InstantID's ``draw_kps`` of the largest face's 5 points; InputError on ``where`` when there is no face."""
+    from .controlmaps import ControlImageError
     from .faces import draw_kps, largest
 
     faces = detector.detect(rgb)
-    if not faces:
-        raise InputError(f"InsightFace's detector finds no face in the picture ({rgb.shape[1]}x{rgb.shape[0]}), "
-                         "whose keypoints instant_id_face_keypoints draws", where=where,
-                         fix="pass a picture with a face in it, large enough to see, or a keypoint map made "
-                             "elsewhere with preprocessor none")
+    if not faces:  # a control image error: a unit's says the unit (serve's field, the CLI's flag), not "image"
+        raise ControlImageError(f"InsightFace's detector finds no face in the picture ({rgb.shape[1]}x{rgb.shape[0]}), "
+                                "whose keypoints instant_id_face_keypoints draws", where=where,
+                                fix="pass a picture with a face in it, large enough to see, or a keypoint map made "
+                                    "elsewhere, without this preprocessor")
     return draw_kps(rgb.shape[0], rgb.shape[1], largest(faces).kps)
 
 

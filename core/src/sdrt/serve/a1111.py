@@ -252,6 +252,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if ips:  # the IP-Adapter modules' units: image prompts (sdrt.pipelines.ipadapter), their attentions summed
         kwargs["ip_adapter"] = ips
         net_names.update(ip_names)
+    controlnet.check_instantid(nets, ips, net_names)  # an InstantID net without its adapter unit: said in the request's words
     if not body.get("sampler_name") and body.get("sampler_index"):  # the sampler came from A1111's older field
         net_names["sampler"] = "sampler_index"
     if kwargs.get("hires_width") or kwargs.get("hires_height"):  # the pipeline says hires_scale of either size

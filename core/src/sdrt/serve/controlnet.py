@@ -378,6 +378,22 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
     return out, notes, ignored, fields
 
 
+def check_instantid(nets: list[Any], ips: list[Any], fields: dict[str, str]) -> None:
+    """A 400 on the unit of an InstantID ControlNet (told by its model's name, as the extension tells it) in a request
+    with no InstantID adapter unit, in the request's words (the pipeline's refusal speaks of its arguments)."""
+    from ..pipelines.ipadapter import face_module
+
+    if any(face_module(Path(str(ip.adapter))) == "instant_id_face_embedding" for ip in ips):
+        return
+    for k, net in enumerate(nets):
+        if net.face_tokens:
+            where = fields.get(f"controlnets[{k}]", f"controlnets[{k}]")
+            raise ApiError(400, f"{where}.model: {Path(str(net.net)).name} is InstantID's ControlNet (its name says "
+                                "instant_id): its text is the face tokens of an instant_id_face_embedding unit, and "
+                                "the request has none; put an instant_id_face_embedding unit (model: InstantID's "
+                                "adapter, e.g. ip-adapter_instant_id_sdxl; image: the face) before it", field=where)
+
+
 def is_ip_module(value: Any) -> bool:
     return isinstance(value, str) and value.strip().casefold() in IP_MODULES
 
@@ -633,13 +649,18 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                          f"{HR_OPTIONS[hr]!r} was not used")
         hr = 0
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
+    from ..pipelines.controlnet import names_instantid
+
     made = make(None if net is None else str(net.path) if net.owner is None else net.name, image, weight, start, end, pre, resize, **extra,
                 low=a, high=b, processor_res=None if res is None else int(res),
                 pixel_perfect=perfect, control_mode=CONTROL_MODES[mode],
                 window="a1111", control_mask=control_mask,  # the extension's step window: start <= i / n <= end
                 # inpaint_full_res: the control image cut to the area repainted, as the extension (on by default)
                 inpaint_crop=bool(flag("inpaint_crop_input_image", True)),
-                hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0])
+                hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0],
+                # InstantID's net by its name alone, as the extension tells the model type (not by the module: an
+                # instant_id_face_keypoints map sent to another net leaves that net reading the prompt)
+                face_tokens=None if net is None else names_instantid(net.path))
     return made, reads
 
 
