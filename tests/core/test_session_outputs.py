@@ -78,3 +78,24 @@ def test_a_session_without_run_outputs_answers_from_its_whole_run():
     got = sess.run({"x": X}, outputs=["y"])
     assert list(got) == ["y"] and sess.calls == 1
     np.testing.assert_array_equal(got["y"], np.maximum(X, 0) * 2)
+
+
+@pytest.mark.parametrize("names", [[["y"]], [{"y": 1}], ["y", b"bank"], [0]])
+def test_outputs_that_are_no_names_are_one_line_input_errors(names):
+    """Each entry of ``outputs=`` must be a name (str): a list or dict inside was a TypeError traceback from the
+    set lookup (unhashable), bytes and numbers read as unknown names."""
+    register("reference")
+    with sdrt.load(two_outputs(), backend="reference") as sess:
+        with pytest.raises(InputError) as err:
+            sess.run({"x": X}, outputs=names)
+    assert "output names" in err.value.what and "\n" not in str(err.value)
+
+
+def test_the_keys_of_a_mapping_name_outputs_too():
+    """``outputs=whole.keys()`` (a dict's keys: a set view, ordered) is a list of names as much as a list is."""
+    register("reference")
+    with sdrt.load(two_outputs(), backend="reference") as sess:
+        whole = sess.run({"x": X})
+        got = sess.run({"x": X}, outputs={"bank": None, "y": None}.keys())
+    assert list(got) == ["bank", "y"]
+    np.testing.assert_array_equal(got["y"], whole["y"])
