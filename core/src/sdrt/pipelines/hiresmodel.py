@@ -170,7 +170,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
     return other
 
 
-#: {thread id: the pipeline whose lock it waits for in ``hold``}: two jobs that each hold the other's model
+#: {thread id: the pipeline whose lock it waits for in ``hold``}: jobs that wait in a ring for each other's model
 _WAITING: dict[int, Any] = {}
 _WAITING_LOCK = threading.Lock()
 
@@ -178,19 +178,19 @@ _WAITING_LOCK = threading.Lock()
 def hold(pipe: Pipeline, other: Pipeline) -> None:
     """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint) for this job, as ``pipe``'s own lock holds
     ``pipe``: a job of another thread on it waits until this job ends (``release``), and this job waits for one
-    running on it. Two jobs that each run the other's pipeline as their hires checkpoint would wait for each other
-    forever: the second to see it is refused in one line."""
+    running on it. Jobs that each run the next one's pipeline as their hires checkpoint, in a ring (two that run
+    each other's, or more), would wait for each other forever: the last to see it is refused in one line."""
     me = threading.get_ident()
     if other._owner == me or pipe.__dict__.get("_hires_held") is other:
         return
     try:
         while not other._lock.acquire(timeout=0.05):
             with _WAITING_LOCK:
-                owner = other._owner
-                if owner is not None and _WAITING.get(owner) is pipe:
+                if _waits_for(other, pipe):
+                    _WAITING.pop(me, None)  # gone before the lock opens: no other job of the ring sees it and gives up
                     raise InputError(f"the hires checkpoint ({other.folder.name}) is running a job of another thread "
-                                     "that uses this pipeline as its own hires checkpoint: each job would wait for "
-                                     "the other", where="hires_checkpoint",
+                                     "that waits for this pipeline (its own hires checkpoint, or through the jobs it "
+                                     "waits for): each job would wait for the other", where="hires_checkpoint",
                                      fix="run the two jobs one after the other, or pass the model's path as "
                                          "{@hires_checkpoint} (a pipeline of its own is then loaded)")
                 _WAITING[me] = other
@@ -199,6 +199,20 @@ def hold(pipe: Pipeline, other: Pipeline) -> None:
             _WAITING.pop(me, None)
     other._owner = me
     pipe._hires_held = other
+
+
+def _waits_for(other: Pipeline, pipe: Pipeline) -> bool:
+    """Whether the job holding ``other`` waits, itself or through the jobs it waits for, for ``pipe`` (a ring of any
+    length: job 1 on A waits for B, job 2 on B for C, job 3 on C for A). Called under ``_WAITING_LOCK``."""
+    seen: set[int] = set()
+    node: Any = other
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        owner = node._owner
+        node = _WAITING.get(owner) if owner is not None else None
+        if node is pipe:
+            return True
+    return False
 
 
 def release(pipe: Pipeline) -> None:
