@@ -417,3 +417,25 @@ def test_three_jobs_in_a_ring_of_hires_checkpoints_are_refused_not_stuck() -> No
     for p in pipes:
         assert not p._lock.locked()
         p.close()
+
+
+def test_the_hires_pass_runs_the_second_models_parts_as_its_plan_places_them() -> None:
+    """The plan's hires section (RunPlan.hires_memory) is what the run does: a part it places released is released
+    once used (the run followed the first model's plan only, so the second's parts all stayed loaded whatever the
+    plan printed); a path loaded as the hires checkpoint plans under the first pipeline's memory=, as it runs."""
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, \
+            pipelines.load(B, backend="reference", memory="4MB") as second:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        placed = {p.part: p.placement for p in plan.hires_memory.parts}
+        assert placed["unet"] == "released" and placed["text_encoder"] == "released"
+        first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert not second._parts["unet"].sessions and not second._parts["text_encoder"].sessions
+    with pipelines.load(A, backend="reference", memory="4MB") as first:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        assert "budget 3.8 MiB (memory=)" in plan.format().split("hires checkpoint memory")[1].splitlines()[0]
+        first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        second = first._hires_job
+        assert second.memory == first.memory
+        assert not second._parts["unet"].sessions and not second._parts["text_encoder"].sessions

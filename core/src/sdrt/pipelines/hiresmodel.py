@@ -148,6 +148,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         other = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the first's low-memory mode
             other.low_memory = pipe.low_memory
+        other.memory = pipe.memory  # and its memory budget (the plan's hires section and the run both read it)
     if other is pipe:
         return pipe
     check(pipe, other, s)
@@ -158,6 +159,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         if twin is None or twin.folder is not other.folder:
             twin = pipe._hires_dry = dry_twin(other)
         twin._hires_real = other  # the memory plan asks whether both models fit (tight)
+        twin.memory = other.memory  # its budget now (the twin is kept from an earlier plan)
         return twin
     hold(pipe, other)  # no other thread runs it (or rebinds its LoRAs) until this job ends
     from ..text.loras import has_lora_tag
@@ -221,6 +223,22 @@ def release(pipe: Pipeline) -> None:
     if other is not None:
         other._owner = None
         other._lock.release()
+
+
+def apply_memory_plan(pipe: Pipeline, other: Pipeline, calls: Any) -> None:
+    """``other`` (the hires checkpoint) told the plan of its pass, as the run plan's hires section shows it
+    (``RunPlan.hires_memory``): its parts released once used, or streamed, where that plan places them. ``calls``:
+    the job's input shapes per part (its parts are the ``hires.*``); planned on the base ``Pipeline._hires_memory``
+    gives it (the process, with the first model's resident parts unless both do not fit)."""
+    from .plan import HIRES_PREFIX
+
+    own = {k.removeprefix(HIRES_PREFIX): v for k, v in (calls or {}).items() if k.startswith(HIRES_PREFIX)}
+    first = getattr(pipe, "_memory_plan", None)
+    if not own or first is None:
+        return
+    other.memory_plan(base=pipe._hires_base(first, tight(pipe, other)), calls=own)
+    other._memory_calls = None  # applied below on that base (a plan of its own jobs is made again for them)
+    other._apply_memory_plan(own)
 
 
 def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:
