@@ -57,3 +57,12 @@ def test_no_other_flag_takes_an_optional_value(parser):
     for sub in parser._subparsers._group_actions[0].choices.values():
         found += [a.option_strings for a in sub._actions if a.option_strings and a.nargs == "?"]
     assert found == []
+
+
+def test_an_unknown_flag_after_a_bare_one_is_said_unknown_not_a_value(capsys):
+    """``--control-pixel-perfect --bogus``: --bogus is an unknown flag, not a try at the value: the line says only that
+    (it said --control-pixel-perfect takes on or off and '--bogus' is neither)."""
+    with pytest.raises(SystemExit):
+        main(["generate", "a cat", "--control-pixel-perfect", "--bogus"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: --bogus." in err and "takes on or off" not in err, err

@@ -78,3 +78,53 @@ def test_a_session_without_run_outputs_answers_from_its_whole_run():
     got = sess.run({"x": X}, outputs=["y"])
     assert list(got) == ["y"] and sess.calls == 1
     np.testing.assert_array_equal(got["y"], np.maximum(X, 0) * 2)
+
+
+@pytest.mark.parametrize("names", [[["y"]], [{"y": 1}], ["y", b"bank"], [0]])
+def test_outputs_that_are_no_names_are_one_line_input_errors(names):
+    """Each entry of ``outputs=`` must be a name (str): a list or dict inside was a TypeError traceback from the
+    set lookup (unhashable), bytes and numbers read as unknown names."""
+    register("reference")
+    with sdrt.load(two_outputs(), backend="reference") as sess:
+        with pytest.raises(InputError) as err:
+            sess.run({"x": X}, outputs=names)
+    assert "output names" in err.value.what and "\n" not in str(err.value)
+
+
+def test_the_keys_of_a_mapping_name_outputs_too():
+    """``outputs=whole.keys()`` (a dict's keys: a set view, ordered) is a list of names as much as a list is."""
+    register("reference")
+    with sdrt.load(two_outputs(), backend="reference") as sess:
+        whole = sess.run({"x": X})
+        got = sess.run({"x": X}, outputs={"bank": None, "y": None}.keys())
+    assert list(got) == ["bank", "y"]
+    np.testing.assert_array_equal(got["y"], whole["y"])
+
+
+class _DefaultSession(Session):
+    """A session of plugin API 1.2 as TensorRT-RTX's, MIGraphX's and Core ML's are: ``_run`` alone, whose keys
+    come in the graph's order; the base class answers ``outputs=``."""
+
+    def __init__(self, graph: Graph) -> None:
+        super().__init__(graph.inputs, graph.outputs, graph=graph)
+
+    def _run(self, feeds):
+        x = feeds["x"]
+        return {"y": np.maximum(x, 0), "bank": x + x}
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml", "default"])
+def test_the_shared_contract_check_on_every_session_kind_here(backend):
+    """tests/outputs_helpers.check_run_outputs, which the TensorRT-RTX, MIGraphX and Core ML folders run on their
+    own sessions where their hardware is, on the sessions this machine has and on the default path theirs take."""
+    import onnx
+    from outputs_helpers import check_run_outputs
+    from outputs_helpers import two_outputs as graph_bytes
+
+    if backend == "default":
+        sess = _DefaultSession(Graph(onnx.load_model_from_string(graph_bytes())))
+    else:
+        register(backend)
+        sess = sdrt.load(graph_bytes(), backend=backend)
+    with sess:
+        check_run_outputs(sess, atol=1e-6)

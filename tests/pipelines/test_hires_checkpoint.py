@@ -377,3 +377,65 @@ def test_two_jobs_running_each_others_pipeline_are_refused_not_stuck() -> None:
             assert err.value.where == "hires_checkpoint" and "\n" not in str(err.value)
         other.join(30)
         assert got == {"job2": "held"} and not first._lock.locked() and not second._lock.locked()
+
+
+def test_three_jobs_in_a_ring_of_hires_checkpoints_are_refused_not_stuck() -> None:
+    """Job k on pipeline k runs pipeline k+1 as its hires checkpoint, the last the first's: each waits for the next
+    forever unless one is refused; the check followed only two jobs, so a ring of three hung."""
+    import threading
+
+    from sdrt.pipelines import hiresmodel
+
+    register("reference")
+    pipes = [pipelines.load(A, backend="reference"), pipelines.load(B, backend="reference"),
+             pipelines.load(A, backend="reference")]
+    assert len({id(p) for p in pipes}) == 3
+    holding = threading.Barrier(3)
+    got: dict[int, object] = {}
+
+    def job(k: int) -> None:
+        me, nxt = pipes[k], pipes[(k + 1) % 3]
+        with me._job("generate()"):
+            holding.wait(10)  # each job holds its own pipeline before it asks for the next
+            try:
+                hiresmodel.hold(me, nxt)
+                got[k] = "held"
+            except InputError as exc:
+                got[k] = exc
+            finally:
+                hiresmodel.release(me)
+
+    threads = [threading.Thread(target=job, args=(k,), daemon=True) for k in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "the three jobs wait for each other forever"
+    refused = [v for v in got.values() if isinstance(v, InputError)]
+    assert len(refused) == 1 and sorted(v for v in got.values() if v == "held") == ["held", "held"], got
+    assert refused[0].where == "hires_checkpoint" and "\n" not in str(refused[0])
+    for p in pipes:
+        assert not p._lock.locked()
+        p.close()
+
+
+def test_the_hires_pass_runs_the_second_models_parts_as_its_plan_places_them() -> None:
+    """The plan's hires section (RunPlan.hires_memory) is what the run does: a part it places released is released
+    once used (the run followed the first model's plan only, so the second's parts all stayed loaded whatever the
+    plan printed); a path loaded as the hires checkpoint plans under the first pipeline's memory=, as it runs."""
+    case = next(c for c in _cases() if c["name"] == "Lanczos/Euler")
+    register("reference")
+    with pipelines.load(A, backend="reference") as first, \
+            pipelines.load(B, backend="reference", memory="4MB") as second:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        placed = {p.part: p.placement for p in plan.hires_memory.parts}
+        assert placed["unet"] == "released" and placed["text_encoder"] == "released"
+        first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=second, **_kwargs(case))
+        assert not second._parts["unet"].sessions and not second._parts["text_encoder"].sessions
+    with pipelines.load(A, backend="reference", memory="4MB") as first:
+        plan = first.plan(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        assert "budget 3.8 MiB (memory=)" in plan.format().split("hires checkpoint memory")[1].splitlines()[0]
+        first.generate(case["prompt"], case["negative_prompt"], hires_checkpoint=B, **_kwargs(case))
+        second = first._hires_job
+        assert second.memory == first.memory
+        assert not second._parts["unet"].sessions and not second._parts["text_encoder"].sessions

@@ -39,6 +39,7 @@ import logging
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -493,9 +494,13 @@ def check_outputs(outputs: Sequence[TensorInfo], names: Any) -> list[str]:
     """``names`` (``Session.run``'s ``outputs=``) checked against the declared ``outputs``, duplicates dropped.
 
     Raises ``InputError`` naming the unknown names and the graph's outputs."""
-    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, set, frozenset)):
+    if isinstance(names, (str, bytes)) or not isinstance(names, (Sequence, AbstractSet)):
         raise InputError(f"outputs must be a list of output names, got {type(names).__name__}", where="Session.run",
                          fix="pass outputs=['out_sample'], or leave it out for all of them")
+    odd = [type(n).__name__ for n in names if not isinstance(n, str)]
+    if odd:  # a list or dict inside would fail the set lookup below (unhashable)
+        raise InputError(f"outputs must be a list of output names (strings), got a {odd[0]} among them",
+                         where="Session.run outputs", fix="pass outputs=['out_sample'], or leave it out for all")
     declared = {o.name for o in outputs}
     unknown = [n for n in names if n not in declared]
     if unknown:

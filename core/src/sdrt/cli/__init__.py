@@ -98,7 +98,7 @@ def bare_values(parser: argparse.ArgumentParser, args: list[str], after: dict[st
             action = found.pop() if len(found) == 1 else None
         if isinstance(action, OptionalValue) and (k + 1 >= len(args) or args[k + 1].lower() not in action.values):
             out[k] = f"{word}={action.bare}"
-            if after is not None and k + 1 < len(args):
+            if after is not None and k + 1 < len(args) and not args[k + 1].startswith("-"):  # a flag: no value try
                 after.setdefault(args[k + 1], max(action.option_strings, key=len))
     return out
 

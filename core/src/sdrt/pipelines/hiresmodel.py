@@ -148,6 +148,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         other = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the first's low-memory mode
             other.low_memory = pipe.low_memory
+        other.memory = pipe.memory  # and its memory budget (the plan's hires section and the run both read it)
     if other is pipe:
         return pipe
     check(pipe, other, s)
@@ -158,6 +159,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
         if twin is None or twin.folder is not other.folder:
             twin = pipe._hires_dry = dry_twin(other)
         twin._hires_real = other  # the memory plan asks whether both models fit (tight)
+        twin.memory = other.memory  # its budget now (the twin is kept from an earlier plan)
         return twin
     hold(pipe, other)  # no other thread runs it (or rebinds its LoRAs) until this job ends
     from ..text.loras import has_lora_tag
@@ -170,7 +172,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
     return other
 
 
-#: {thread id: the pipeline whose lock it waits for in ``hold``}: two jobs that each hold the other's model
+#: {thread id: the pipeline whose lock it waits for in ``hold``}: jobs that wait in a ring for each other's model
 _WAITING: dict[int, Any] = {}
 _WAITING_LOCK = threading.Lock()
 
@@ -178,19 +180,19 @@ _WAITING_LOCK = threading.Lock()
 def hold(pipe: Pipeline, other: Pipeline) -> None:
     """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint) for this job, as ``pipe``'s own lock holds
     ``pipe``: a job of another thread on it waits until this job ends (``release``), and this job waits for one
-    running on it. Two jobs that each run the other's pipeline as their hires checkpoint would wait for each other
-    forever: the second to see it is refused in one line."""
+    running on it. Jobs that each run the next one's pipeline as their hires checkpoint, in a ring (two that run
+    each other's, or more), would wait for each other forever: the last to see it is refused in one line."""
     me = threading.get_ident()
     if other._owner == me or pipe.__dict__.get("_hires_held") is other:
         return
     try:
         while not other._lock.acquire(timeout=0.05):
             with _WAITING_LOCK:
-                owner = other._owner
-                if owner is not None and _WAITING.get(owner) is pipe:
+                if _waits_for(other, pipe):
+                    _WAITING.pop(me, None)  # gone before the lock opens: no other job of the ring sees it and gives up
                     raise InputError(f"the hires checkpoint ({other.folder.name}) is running a job of another thread "
-                                     "that uses this pipeline as its own hires checkpoint: each job would wait for "
-                                     "the other", where="hires_checkpoint",
+                                     "that waits for this pipeline (its own hires checkpoint, or through the jobs it "
+                                     "waits for): each job would wait for the other", where="hires_checkpoint",
                                      fix="run the two jobs one after the other, or pass the model's path as "
                                          "{@hires_checkpoint} (a pipeline of its own is then loaded)")
                 _WAITING[me] = other
@@ -201,12 +203,42 @@ def hold(pipe: Pipeline, other: Pipeline) -> None:
     pipe._hires_held = other
 
 
+def _waits_for(other: Pipeline, pipe: Pipeline) -> bool:
+    """Whether the job holding ``other`` waits, itself or through the jobs it waits for, for ``pipe`` (a ring of any
+    length: job 1 on A waits for B, job 2 on B for C, job 3 on C for A). Called under ``_WAITING_LOCK``."""
+    seen: set[int] = set()
+    node: Any = other
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
+        owner = node._owner
+        node = _WAITING.get(owner) if owner is not None else None
+        if node is pipe:
+            return True
+    return False
+
+
 def release(pipe: Pipeline) -> None:
     """The job is over: the hires checkpoint ``hold`` locked is free for other threads again."""
     other = pipe.__dict__.pop("_hires_held", None)
     if other is not None:
         other._owner = None
         other._lock.release()
+
+
+def apply_memory_plan(pipe: Pipeline, other: Pipeline, calls: Any) -> None:
+    """``other`` (the hires checkpoint) told the plan of its pass, as the run plan's hires section shows it
+    (``RunPlan.hires_memory``): its parts released once used, or streamed, where that plan places them. ``calls``:
+    the job's input shapes per part (its parts are the ``hires.*``); planned on the base ``Pipeline._hires_memory``
+    gives it (the process, with the first model's resident parts unless both do not fit)."""
+    from .plan import HIRES_PREFIX
+
+    own = {k.removeprefix(HIRES_PREFIX): v for k, v in (calls or {}).items() if k.startswith(HIRES_PREFIX)}
+    first = getattr(pipe, "_memory_plan", None)
+    if not own or first is None:
+        return
+    other.memory_plan(base=pipe._hires_base(first, tight(pipe, other)), calls=own)
+    other._memory_calls = None  # applied below on that base (a plan of its own jobs is made again for them)
+    other._apply_memory_plan(own)
 
 
 def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:

@@ -1064,6 +1064,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if not self._dry:  # each part resident, released after use or streamed, and where (budget.py)
             self._apply_memory_plan(calls, check=lambda plan: self._check_init_size(s, plan),
                                     extras=getattr(self, "_job_extras", None), beside=getattr(self, "_job_beside", None))
+            if self._hires_job is not None and self._hires_job is not self:  # its parts as the plan's hires section
+                from .hiresmodel import apply_memory_plan
+
+                apply_memory_plan(self, self._hires_job, calls)
             self._release_preprocessors()  # the maps are made: a detector the plan releases goes before the UNet
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
@@ -1417,9 +1421,15 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             return None, None
         real = twin.__dict__.get("_hires_real", twin)
         first_goes = tight(self, real)
+        return twin._make_memory_plan(self._hires_base(memory, first_goes), calls), first_goes
+
+    @staticmethod
+    def _hires_base(memory: Any, first_goes: bool) -> int:
+        """The hires pass's base under the first model's plan ``memory``: the process, and the first model's
+        resident parts unless they go first (``hiresmodel.tight``)."""
         held = 0 if first_goes else sum(p.weight_bytes * memory.footprints.get(p.part, memory.footprint)
                                         for p in memory.parts if p.placement == "resident" and not p.device)
-        return twin._make_memory_plan(int(memory.base_bytes + held), calls), first_goes
+        return int(memory.base_bytes + held)
 
     def _job_calls(self, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> Any:
         """This job's input shapes per part, for the memory plan's activations: from a dry run, made again only
