@@ -188,3 +188,16 @@ def test_cli_revision_unit_is_the_apis(tiny_bigg, tmp_path, capsys):
     rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", *flags, "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert rc != 0 and "SD 1.x" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_the_plan_counts_the_encoder_as_an_image_encoder_not_beside_the_unet(tiny_bigg):
+    """The revision encoder runs once a job, before the steps: the run plan and the memory plan say it is an image
+    encoder (as an IP-Adapter's), not a ControlNet held beside the UNet at every step."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(XL, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+    enc = next(p for p in rp.parts if p.part.endswith("encoder") and "text" not in p.part)
+    assert (enc.role, enc.calls) == ("image_encoder", 1)
+    assert {p.part: p.role for p in rp.memory.parts}[enc.part] == "image_encoder"
+    assert enc.part not in rp._beside.get("unet", [])

@@ -118,3 +118,14 @@ def test_cli_style_unit_is_the_apis(tiny_vitl, tmp_path, capsys):
         text = im.text["parameters"]
     assert_matches_diffusers([got], REFS[case["name"]])
     assert "Module: t2ia_style_clipvision, Model: t2iadapter_style_tiny" in text
+
+
+def test_the_plan_counts_the_encoder_as_an_image_encoder_not_beside_the_unet(tiny_vitl):
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(SD15, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+    enc = next(p for p in rp.parts if p.part == "style_encoder")
+    assert (enc.role, enc.calls) == ("image_encoder", 1)
+    assert {p.part: p.role for p in rp.memory.parts}["style_encoder"] == "image_encoder"
+    assert "style_encoder" not in rp._beside.get("unet", [])

@@ -172,7 +172,8 @@ def _empty(text: Any) -> bool:
 
 def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name: str) -> dict[str, Any]:
     """The image encoder ``enc`` on ``rows`` as the pipeline's part ``name``, kept in ``own`` by ``key`` (a dry run:
-    its call recorded on a twin, zeros back); released after its one call a job in low-memory mode."""
+    its call recorded on a twin, zeros back); released after its one call a job in low-memory mode or where the
+    memory plan does not keep it resident, as an IP-Adapter's encoder."""
     from .parts import Part
 
     if pipe._dry:
@@ -188,8 +189,11 @@ def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name
         part.default_weights = enc.weights
         own[key] = part
     out = part.run({"pixel_values": rows})
-    if pipe.is_low_memory:  # used once a job, as the IP-Adapters' encoders: not held through the denoising
-        from .lowmem import release
+    plan = getattr(pipe, "_memory_plan", None)  # it counts the encoder as an image encoder (plan.IMAGE_ENCODERS)
+    placed = plan.placement(name) if plan is not None else None
+    if pipe.is_low_memory or (placed.placement != "resident" if placed is not None else
+                              plan is not None and any(p.placement != "resident" for p in plan.parts)):
+        from .lowmem import release  # used once a job, as the IP-Adapters' encoders: not held through the denoising
 
         release([part])
     return out
