@@ -201,3 +201,41 @@ def test_the_plan_counts_the_encoder_as_an_image_encoder_not_beside_the_unet(tin
     assert (enc.role, enc.calls) == ("image_encoder", 1)
     assert {p.part: p.role for p in rp.memory.parts}[enc.part] == "image_encoder"
     assert enc.part not in rp._beside.get("unet", [])
+
+
+def test_revision_acts_in_both_passes_of_the_hires_fix_on_every_batch_row(tiny_bigg, monkeypatch):
+    """Batch 2 with CFG and the hires fix (at scale 1: tiny-sdxl's UNet is fixed at 64x64): at every UNet call of both
+    passes the conditional rows' text_embeds are the unit's noised embeds times its weight, the unconditional rows' zeros; the embeds are drawn once
+    a job (the same in both passes, seeded by the job's seed). With CFG 1 every row is conditional."""
+    from sdrt.pipelines import revision
+
+    register("reference")
+    seen = []
+    real = revision.hook
+
+    def spy(prep, state, *, batch, text_input):
+        run = real(prep, state, batch=batch, text_input=text_input)
+
+        def wrapped(feeds):
+            out = run(feeds)
+            seen.append((feeds["sample"].shape, prep.embeds[0] * np.float32(prep.units[0].scale), out))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(revision, "hook", spy)
+    case = CASES[0]
+    with pipelines.load(XL, backend="reference") as pipe:
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), batch=2,
+                      hires_scale=1, hires_steps=2, hires_denoise=1.0, **kwargs(case))
+    seen = seen[len(seen) - case["steps"] - 2:]  # the job's (the plan's dry run comes first): one call a step, both passes
+    want = seen[0][1]
+    assert np.abs(want).max() > 0
+    for shape, y, out in seen:
+        assert shape[0] == 4 and np.array_equal(y, want)
+        assert np.all(out["text_embeds"][:2] == 0) and np.allclose(out["text_embeds"][2:], np.repeat(want, 2, 0))
+    seen.clear()  # CFG 1: no unconditional rows, every row conditional
+    with pipelines.load(XL, backend="reference") as pipe:
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), batch=2,
+                      **{**kwargs(case), "cfg": 1.0})
+    for shape, y, out in seen[len(seen) - case["steps"]:]:
+        assert shape[0] == 2 and np.allclose(out["text_embeds"], np.repeat(want, 2, 0))
