@@ -237,5 +237,17 @@ def test_revision_acts_in_both_passes_of_the_hires_fix_on_every_batch_row(tiny_b
     with pipelines.load(XL, backend="reference") as pipe:
         pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), batch=2,
                       **{**kwargs(case), "cfg": 1.0})
-    for shape, y, out in seen[len(seen) - case["steps"]:]:
+    for shape, _y, out in seen[len(seen) - case["steps"]:]:
         assert shape[0] == 2 and np.allclose(out["text_embeds"], np.repeat(want, 2, 0))
+
+
+def test_a_hires_checkpoint_is_refused_without_advice_revision_refuses(tiny_bigg):
+    """A hires checkpoint replaces the UNet whose pooled text a revision unit changes, in the second pass: refused in
+    one line that says to leave one of them out, not to set hr_option 'Low res only' (which a revision unit has not:
+    it acts in both passes, as the extension's)."""
+    register("reference")
+    with pipelines.load(XL, backend="reference") as pipe, pytest.raises(InputError) as exc:
+        pipe.generate("a cat", controlnets=units(CASES[0]), hires_scale=1, hires_checkpoint=XL, steps=2, width=64,
+                      height=64)
+    assert "revision_clipvision" in exc.value.what and "Low res only" not in (exc.value.fix or "")
+    assert exc.value.where == "hires_checkpoint"
