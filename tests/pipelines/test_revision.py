@@ -153,6 +153,12 @@ def test_refusals_in_one_line(tiny_bigg, tmp_path):
                                                            preprocessor_models=vith)], steps=2, width=64, height=64)
         assert "24-wide image embeds" in exc.value.what and "pooled text vector (text_embeds) is 32" in exc.value.what
         assert exc.value.where == "controlnets[0] preprocessor_models"
+        vitl = DATA.parent / "styleadapter" / "clip_vision" / "clip_vitl.pth"  # another size: ViT-bigG/14 is asked for
+        with pytest.raises(ModelError) as exc:
+            pipe.generate("a cat", controlnets=[ControlNet(None, REFS["image0"], preprocessor="revision_clipvision",
+                                                           preprocessor_models=vitl)], steps=2, width=64, height=64)
+        assert "of another size" in exc.value.what and exc.value.where == "controlnets[0] preprocessor_models"
+        assert "clip_g.pth" in exc.value.fix and "ViT-H" not in exc.value.fix
 
 
 def test_cli_revision_unit_is_the_apis(tiny_bigg, tmp_path, capsys):

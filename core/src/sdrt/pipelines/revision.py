@@ -112,16 +112,17 @@ def _encoder(pipe: Any, unit: ControlNet, where: str) -> Any:
 
     arg = f"{where} {unit.models_arg}"
     path = encoder_path(unit.preprocessor, unit.preprocessor_models, arg)
+    bigg = ("pass OpenCLIP ViT-bigG/14 (the extension's clip_g.pth, ComfyUI's clip_vision_g.safetensors, "
+            "h94/IP-Adapter's sdxl_models/image_encoder)")
     try:
         enc = open_image_encoder(path, what=arg)
-    except ModelError as exc:
-        raise ModelError(exc.what, where=arg, fix=(exc.fix or "").replace("{@" + arg + "}", arg)) from exc
+    except ModelError as exc:  # an encoder of another size: ViT-bigG/14 is the one (the IP-Adapters' advice names ViT-H)
+        fix = bigg if "of another size" in exc.what else (exc.fix or "").replace("{@" + arg + "}", arg)
+        raise ModelError(exc.what, where=arg, fix=fix) from exc
     width = pipe.denoiser.inputs["text_embeds"].shape[-1]
     if isinstance(width, int) and enc.embed_dim is not None and enc.embed_dim != width:
         raise ModelError(f"the image encoder {path.name} gives {enc.embed_dim}-wide image embeds and the UNet's "
-                         f"pooled text vector (text_embeds) is {width} wide", where=arg,
-                         fix="pass OpenCLIP ViT-bigG/14 (the extension's clip_g.pth, ComfyUI's "
-                             "clip_vision_g.safetensors, h94/IP-Adapter's sdxl_models/image_encoder)")
+                         f"pooled text vector (text_embeds) is {width} wide", where=arg, fix=bigg)
     return enc
 
 
