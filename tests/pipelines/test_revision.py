@@ -257,3 +257,34 @@ def test_a_hires_checkpoint_is_refused_without_advice_revision_refuses(tiny_bigg
                       height=64)
     assert "revision_clipvision" in exc.value.what and "Low res only" not in (exc.value.fix or "")
     assert exc.value.where == "hires_checkpoint"
+
+
+def test_an_sdxl_refiner_checkpoint_runs_revision_as_the_extension_does(tiny_bigg, monkeypatch):
+    """The SDXL refiner loaded as the model is SDXL to the extension (``is_sdxl``: its check passes and its hook
+    replaces the first 1280 of the refiner's ``y``, its pooled text too): the conditional rows' text_embeds are the
+    embeds times the weight, the unconditional rows' zeros, and the picture changes."""
+    from sdrt.pipelines import revision
+
+    register("reference")
+    seen = []
+    real = revision.hook
+
+    def spy(prep, state, *, batch, text_input):
+        run = real(prep, state, batch=batch, text_input=text_input)
+
+        def wrapped(feeds):
+            out = run(feeds)
+            seen.append((prep.embeds[0] * np.float32(prep.units[0].scale), out))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(revision, "hook", spy)
+    case = CASES[0]
+    args = dict(init_image=REFS["image0"], strength=0.6, **kwargs(case))
+    with pipelines.load(DATA / "tiny-sdxl-refiner", backend="reference") as pipe:
+        plain = pipe.generate(case["prompt"], case["negative_prompt"], **args).images[0]
+        got = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), **args).images[0]
+    want, out = seen[-1]
+    assert np.abs(want).max() > 0 and np.all(out["text_embeds"][0] == 0)
+    assert np.allclose(out["text_embeds"][1], want[0])
+    assert np.abs(plain.astype(int) - got.astype(int)).max() > 0

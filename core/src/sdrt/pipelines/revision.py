@@ -44,8 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the extension's revision modules (``model: "None"``)
 MODULES = ("revision_clipvision", "revision_ignore_prompt")
 IGNORE_PROMPT = "revision_ignore_prompt"
-#: the families whose UNet reads a pooled text vector the extension replaces (SDXL's ``y``)
-FAMILIES = ("sdxl",)
+#: the families whose UNet reads a pooled text vector the extension replaces (SDXL's ``y``; the refiner's too: the
+#: extension's ``is_sdxl`` holds for a refiner checkpoint, whose ``y`` starts with the same 1280-wide pooled text)
+FAMILIES = ("sdxl", "sdxl-refiner")
 #: the noise augmentation slider's default (the extension's threshold_a)
 NOISE = 0.0
 
