@@ -153,6 +153,12 @@ def test_refusals_in_one_line(tiny_bigg, tmp_path):
                                                            preprocessor_models=vith)], steps=2, width=64, height=64)
         assert "24-wide image embeds" in exc.value.what and "pooled text vector (text_embeds) is 32" in exc.value.what
         assert exc.value.where == "controlnets[0] preprocessor_models"
+        vitl = DATA.parent / "styleadapter" / "clip_vision" / "clip_vitl.pth"  # another size: ViT-bigG/14 is asked for
+        with pytest.raises(ModelError) as exc:
+            pipe.generate("a cat", controlnets=[ControlNet(None, REFS["image0"], preprocessor="revision_clipvision",
+                                                           preprocessor_models=vitl)], steps=2, width=64, height=64)
+        assert "of another size" in exc.value.what and exc.value.where == "controlnets[0] preprocessor_models"
+        assert "clip_g.pth" in exc.value.fix and "ViT-H" not in exc.value.fix
 
 
 def test_cli_revision_unit_is_the_apis(tiny_bigg, tmp_path, capsys):
@@ -188,3 +194,97 @@ def test_cli_revision_unit_is_the_apis(tiny_bigg, tmp_path, capsys):
     rc = main(["generate", str(DATA / "tiny-sd15"), "a cat", *flags, "-o", str(tmp_path / "x.png")])
     err = capsys.readouterr().err
     assert rc != 0 and "SD 1.x" in err and "Traceback" not in err and len(err.strip().splitlines()) <= 2, err
+
+
+def test_the_plan_counts_the_encoder_as_an_image_encoder_not_beside_the_unet(tiny_bigg):
+    """The revision encoder runs once a job, before the steps: the run plan and the memory plan say it is an image
+    encoder (as an IP-Adapter's), not a ControlNet held beside the UNet at every step."""
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(XL, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+    enc = next(p for p in rp.parts if p.part.endswith("encoder") and "text" not in p.part)
+    assert (enc.role, enc.calls) == ("image_encoder", 1)
+    assert {p.part: p.role for p in rp.memory.parts}[enc.part] == "image_encoder"
+    assert enc.part not in rp._beside.get("unet", [])
+
+
+def test_revision_acts_in_both_passes_of_the_hires_fix_on_every_batch_row(tiny_bigg, monkeypatch):
+    """Batch 2 with CFG and the hires fix (at scale 1: tiny-sdxl's UNet is fixed at 64x64): at every UNet call of both
+    passes the conditional rows' text_embeds are the unit's noised embeds times its weight, the unconditional rows' zeros; the embeds are drawn once
+    a job (the same in both passes, seeded by the job's seed). With CFG 1 every row is conditional."""
+    from sdrt.pipelines import revision
+
+    register("reference")
+    seen = []
+    real = revision.hook
+
+    def spy(prep, state, *, batch, text_input):
+        run = real(prep, state, batch=batch, text_input=text_input)
+
+        def wrapped(feeds):
+            out = run(feeds)
+            seen.append((feeds["sample"].shape, prep.embeds[0] * np.float32(prep.units[0].scale), out))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(revision, "hook", spy)
+    case = CASES[0]
+    with pipelines.load(XL, backend="reference") as pipe:
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), batch=2,
+                      hires_scale=1, hires_steps=2, hires_denoise=1.0, **kwargs(case))
+    seen = seen[len(seen) - case["steps"] - 2:]  # the job's (the plan's dry run comes first): one call a step, both passes
+    want = seen[0][1]
+    assert np.abs(want).max() > 0
+    for shape, y, out in seen:
+        assert shape[0] == 4 and np.array_equal(y, want)
+        assert np.all(out["text_embeds"][:2] == 0) and np.allclose(out["text_embeds"][2:], np.repeat(want, 2, 0))
+    seen.clear()  # CFG 1: no unconditional rows, every row conditional
+    with pipelines.load(XL, backend="reference") as pipe:
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), batch=2,
+                      **{**kwargs(case), "cfg": 1.0})
+    for shape, _y, out in seen[len(seen) - case["steps"]:]:
+        assert shape[0] == 2 and np.allclose(out["text_embeds"], np.repeat(want, 2, 0))
+
+
+def test_a_hires_checkpoint_is_refused_without_advice_revision_refuses(tiny_bigg):
+    """A hires checkpoint replaces the UNet whose pooled text a revision unit changes, in the second pass: refused in
+    one line that says to leave one of them out, not to set hr_option 'Low res only' (which a revision unit has not:
+    it acts in both passes, as the extension's)."""
+    register("reference")
+    with pipelines.load(XL, backend="reference") as pipe, pytest.raises(InputError) as exc:
+        pipe.generate("a cat", controlnets=units(CASES[0]), hires_scale=1, hires_checkpoint=XL, steps=2, width=64,
+                      height=64)
+    assert "revision_clipvision" in exc.value.what and "Low res only" not in (exc.value.fix or "")
+    assert exc.value.where == "hires_checkpoint"
+
+
+def test_an_sdxl_refiner_checkpoint_runs_revision_as_the_extension_does(tiny_bigg, monkeypatch):
+    """The SDXL refiner loaded as the model is SDXL to the extension (``is_sdxl``: its check passes and its hook
+    replaces the first 1280 of the refiner's ``y``, its pooled text too): the conditional rows' text_embeds are the
+    embeds times the weight, the unconditional rows' zeros, and the picture changes."""
+    from sdrt.pipelines import revision
+
+    register("reference")
+    seen = []
+    real = revision.hook
+
+    def spy(prep, state, *, batch, text_input):
+        run = real(prep, state, batch=batch, text_input=text_input)
+
+        def wrapped(feeds):
+            out = run(feeds)
+            seen.append((prep.embeds[0] * np.float32(prep.units[0].scale), out))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(revision, "hook", spy)
+    case = CASES[0]
+    args = dict(init_image=REFS["image0"], strength=0.6, **kwargs(case))
+    with pipelines.load(DATA / "tiny-sdxl-refiner", backend="reference") as pipe:
+        plain = pipe.generate(case["prompt"], case["negative_prompt"], **args).images[0]
+        got = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), **args).images[0]
+    want, out = seen[-1]
+    assert np.abs(want).max() > 0 and np.all(out["text_embeds"][0] == 0)
+    assert np.allclose(out["text_embeds"][1], want[0])
+    assert np.abs(plain.astype(int) - got.astype(int)).max() > 0

@@ -118,3 +118,44 @@ def test_cli_style_unit_is_the_apis(tiny_vitl, tmp_path, capsys):
         text = im.text["parameters"]
     assert_matches_diffusers([got], REFS[case["name"]])
     assert "Module: t2ia_style_clipvision, Model: t2iadapter_style_tiny" in text
+
+
+def test_the_plan_counts_the_encoder_as_an_image_encoder_not_beside_the_unet(tiny_vitl):
+    register("reference")
+    case = CASES[0]
+    with pipelines.load(SD15, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+    enc = next(p for p in rp.parts if p.part == "style_encoder")
+    assert (enc.role, enc.calls) == ("image_encoder", 1)
+    assert {p.part: p.role for p in rp.memory.parts}["style_encoder"] == "image_encoder"
+    assert "style_encoder" not in rp._beside.get("unet", [])
+
+
+def test_the_tokens_follow_every_chunk_of_a_long_prompt(tiny_vitl, monkeypatch):
+    """A prompt of three 77-token chunks beside a one-chunk negative: every row's context is 3 * 77 + 8 tokens, the 8
+    the adapter's tokens times the weight on the conditional rows (after all the chunks, as the extension appends them
+    to A1111's context) and zeros on the unconditional ones."""
+    from sdrt.pipelines import styleadapter
+
+    register("reference")
+    seen = []
+    real = styleadapter.hook
+
+    def spy(prep, state, *, batch, text_input):
+        run = real(prep, state, batch=batch, text_input=text_input)
+
+        def wrapped(feeds):
+            out = run(feeds)
+            seen.append((feeds[text_input], prep.tokens[0] * np.float32(prep.units[0].scale), out[text_input]))
+            return out
+        return wrapped
+
+    monkeypatch.setattr(styleadapter, "hook", spy)
+    case = CASES[0]
+    with pipelines.load(SD15, backend="reference") as pipe:
+        pipe.generate(" ".join(["a photo of a red cat on a mat"] * 14), "blurry", controlnets=units(case),
+                      **kwargs(case))
+    ctx, tokens, out = seen[-1]
+    assert ctx.shape[:2] == (2, 3 * 77) and out.shape[:2] == (2, 3 * 77 + 8)
+    assert np.array_equal(out[:, :231], ctx) and np.all(out[0, 231:] == 0)
+    assert np.abs(tokens).max() > 0 and np.allclose(out[1, 231:], tokens[0])

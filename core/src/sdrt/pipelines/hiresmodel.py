@@ -102,6 +102,10 @@ def check_toolbox(tb: Any) -> None:
         raise InputError("{@hires_checkpoint} and {@refiner} both change the model mid-run, and sdrt runs one of them",
                          where="hires_checkpoint", fix="leave {@refiner} or {@hires_checkpoint} out")
     for k, unit in enumerate(tb.units or tb.controlnets):  # the reference units too (sdrt.pipelines.refattn)
+        if any(unit is r for r in tb.revisions):  # it acts in both passes, whatever its hr_option (the extension's)
+            raise InputError(f"controlnets[{k}] ({unit.preprocessor}) replaces the first model's pooled text in both "
+                             "passes of the hires fix, and the hires checkpoint replaces that model in the second",
+                             where="hires_checkpoint", fix=f"leave controlnets[{k}] or {{@hires_checkpoint}} out")
         if unit.hr_option != "Low res only":
             what = ("it guides the first model's UNet" if any(unit is r for r in tb.references) else
                     "its residuals are the first model's UNet's")

@@ -162,7 +162,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
         outputs = tuple(dict.fromkeys(o for _, outs in part.record for o in outs))
         own = name.removeprefix(REFINER_PREFIX).removeprefix(HIRES_PREFIX) if family is not pipe.family else name
         role = family.parts.get(own) or ("controlnet" if name.startswith("controlnet") else
-                                         "image_encoder" if name.startswith("image_encoder") else "?")  # an IP-Adapter's
+                                         "image_encoder" if name.startswith(IMAGE_ENCODERS) else "?")
         parts.append(PartPlan(name, role, str(part.path), len(part.record),
                               sorted(counts.items(), key=lambda kv: -kv[1]), outputs))
     ms = pipe.family.model_sampling(s.width, s.height, *([s.shift] if s.shift is not None else []))
@@ -204,6 +204,9 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
     return rp
 
 
+#: the names of the image encoders a run uses once a job, before its steps: an IP-Adapter's (image_encoder,
+#: image_encoder_2, ...), Revision's (revision_encoder, ...) and the T2I style adapter's (style_encoder)
+IMAGE_ENCODERS = ("image_encoder", "revision_encoder", "style_encoder")
 #: the roles of the parts a run uses besides the model's own (``extra_parts``)
 EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler", "preprocessor")
 
@@ -217,8 +220,8 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     for name, part in dry._parts.items():
         if name in pipe._parts or not part.record:
             continue
-        # an IP-Adapter's encoder (image_encoder, image_encoder_2, ...: one per distinct encoder, shared ones once)
-        out[name] = ("image_encoder" if name.startswith("image_encoder") else "controlnet", part)
+        # an image encoder (IMAGE_ENCODERS: one per distinct encoder, shared ones once), run once before the steps
+        out[name] = ("image_encoder" if name.startswith(IMAGE_ENCODERS) else "controlnet", part)
     hr = s.toolbox.hires if s.toolbox is not None else None
     if hr is not None and hr.model is not None and not hr.latent:
         out["upscaler"] = ("upscaler", hr.model)

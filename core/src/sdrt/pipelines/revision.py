@@ -44,8 +44,9 @@ if TYPE_CHECKING:  # pragma: no cover
 #: the extension's revision modules (``model: "None"``)
 MODULES = ("revision_clipvision", "revision_ignore_prompt")
 IGNORE_PROMPT = "revision_ignore_prompt"
-#: the families whose UNet reads a pooled text vector the extension replaces (SDXL's ``y``)
-FAMILIES = ("sdxl",)
+#: the families whose UNet reads a pooled text vector the extension replaces (SDXL's ``y``; the refiner's too: the
+#: extension's ``is_sdxl`` holds for a refiner checkpoint, whose ``y`` starts with the same 1280-wide pooled text)
+FAMILIES = ("sdxl", "sdxl-refiner")
 #: the noise augmentation slider's default (the extension's threshold_a)
 NOISE = 0.0
 
@@ -112,16 +113,17 @@ def _encoder(pipe: Any, unit: ControlNet, where: str) -> Any:
 
     arg = f"{where} {unit.models_arg}"
     path = encoder_path(unit.preprocessor, unit.preprocessor_models, arg)
+    bigg = ("pass OpenCLIP ViT-bigG/14 (the extension's clip_g.pth, ComfyUI's clip_vision_g.safetensors, "
+            "h94/IP-Adapter's sdxl_models/image_encoder)")
     try:
         enc = open_image_encoder(path, what=arg)
-    except ModelError as exc:
-        raise ModelError(exc.what, where=arg, fix=(exc.fix or "").replace("{@" + arg + "}", arg)) from exc
+    except ModelError as exc:  # an encoder of another size: ViT-bigG/14 is the one (the IP-Adapters' advice names ViT-H)
+        fix = bigg if "of another size" in exc.what else (exc.fix or "").replace("{@" + arg + "}", arg)
+        raise ModelError(exc.what, where=arg, fix=fix) from exc
     width = pipe.denoiser.inputs["text_embeds"].shape[-1]
     if isinstance(width, int) and enc.embed_dim is not None and enc.embed_dim != width:
         raise ModelError(f"the image encoder {path.name} gives {enc.embed_dim}-wide image embeds and the UNet's "
-                         f"pooled text vector (text_embeds) is {width} wide", where=arg,
-                         fix="pass OpenCLIP ViT-bigG/14 (the extension's clip_g.pth, ComfyUI's "
-                             "clip_vision_g.safetensors, h94/IP-Adapter's sdxl_models/image_encoder)")
+                         f"pooled text vector (text_embeds) is {width} wide", where=arg, fix=bigg)
     return enc
 
 
@@ -172,7 +174,8 @@ def _empty(text: Any) -> bool:
 
 def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name: str) -> dict[str, Any]:
     """The image encoder ``enc`` on ``rows`` as the pipeline's part ``name``, kept in ``own`` by ``key`` (a dry run:
-    its call recorded on a twin, zeros back); released after its one call a job in low-memory mode."""
+    its call recorded on a twin, zeros back); released after its one call a job in low-memory mode or where the
+    memory plan does not keep it resident, as an IP-Adapter's encoder."""
     from .parts import Part
 
     if pipe._dry:
@@ -188,8 +191,11 @@ def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name
         part.default_weights = enc.weights
         own[key] = part
     out = part.run({"pixel_values": rows})
-    if pipe.is_low_memory:  # used once a job, as the IP-Adapters' encoders: not held through the denoising
-        from .lowmem import release
+    plan = getattr(pipe, "_memory_plan", None)  # it counts the encoder as an image encoder (plan.IMAGE_ENCODERS)
+    placed = plan.placement(name) if plan is not None else None
+    if pipe.is_low_memory or (placed.placement != "resident" if placed is not None else
+                              plan is not None and any(p.placement != "resident" for p in plan.parts)):
+        from .lowmem import release  # used once a job, as the IP-Adapters' encoders: not held through the denoising
 
         release([part])
     return out
