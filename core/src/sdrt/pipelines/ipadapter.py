@@ -508,10 +508,14 @@ def default_encoder(adapter: Path, where: str = "image_encoder") -> Path:
 def encoder_part(pipe: Any, enc: ImageEncoder, name: str = "image_encoder") -> Part:
     """The image encoder as a part of the pipeline (compiled once per encoder, on the pipeline's backend; the
     encoders of the last job kept, by :func:`encoder_key`)."""
+    return kept_encoder(pipe, pipe.__dict__.setdefault("_ip_encoders", {}), encoder_key(enc), enc, name)
+
+
+def kept_encoder(pipe: Any, own: dict, key: Any, enc: Any, name: str) -> Part:
+    """The part ``name`` running the image encoder ``enc`` on the pipeline's backend, kept in ``own`` by ``key`` (made
+    anew, and the kept one closed, when it is another encoder's or another part's)."""
     from .parts import Part
 
-    own = pipe.__dict__.setdefault("_ip_encoders", {})
-    key = encoder_key(enc)
     part = own.get(key)
     if part is not None and part.name == name:
         return part

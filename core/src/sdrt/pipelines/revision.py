@@ -182,14 +182,9 @@ def run_encoder(pipe: Any, own: dict, key: Any, enc: Any, rows: np.ndarray, name
         part = Part(name, Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
         part = pipe._parts[name] = part.dry()
         return part.run({"pixel_values": rows})
-    part = own.get(key)
-    if part is None or part.name != name:
-        if part is not None:
-            part.close()
-        part = Part(name, Path(enc.graph), backend=pipe.backend, device=pipe.device, options=pipe.options)
-        part.weights = enc.weights
-        part.default_weights = enc.weights
-        own[key] = part
+    from .ipadapter import kept_encoder
+
+    part = kept_encoder(pipe, own, key, enc, name)
     out = part.run({"pixel_values": rows})
     plan = getattr(pipe, "_memory_plan", None)  # it counts the encoder as an image encoder (plan.IMAGE_ENCODERS)
     placed = plan.placement(name) if plan is not None else None
