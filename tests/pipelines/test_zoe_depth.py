@@ -170,6 +170,24 @@ def test_tiny_and_odd_images_make_a_map(pth, shape):
     assert made.dtype == np.uint8 and made.shape == (*shape[:2], 3)
 
 
+def test_a_long_picture_is_refused_before_its_network_is_built(pth):
+    """ZoeDepth's "minimal" resize keeps the aspect: the side nearer its target goes to about 384 (or 512) and the
+    other follows, so a long picture makes a long network input (a 512 x 8192 one: 384 x 5408, 8113 tokens, whose
+    attention alone is 4.2 GB a block at full size and whose position index does not fit in one ONNX graph further
+    on). Refused in one line naming the sizes, before anything is built or compiled."""
+    from sdrt.pipelines import preprocessors
+
+    register("openvino")
+    img = np.zeros((512, 8192, 3), np.uint8)
+    with pytest.raises(InputError) as e:
+        preprocessors.preprocess(img, "depth_zoe", models=pth, backend="openvino")
+    assert "\n" not in str(e.value) and "5408x384" in str(e.value) and "4:3" in str(e.value), str(e.value)
+    with zoedepth.ZoeDepth(pth, backend="openvino") as det:
+        with pytest.raises(InputError):
+            det(img)
+        assert det._sessions == {}
+
+
 def test_the_detector_is_kept_counted_and_released(refs, pth):
     """The compiled detector is kept as the other preprocessors' are (kind ``depth_zoe``), a job's memory plan counts
     it (``preprocessor:depth_zoe``: the file's tensors as float32, 4 bytes each) and release() closes it."""
