@@ -196,6 +196,25 @@ def test_a_long_picture_is_refused_before_its_network_is_built(pth):
         assert det._sessions == {}
 
 
+def test_another_size_compiles_with_one_other_kept(pth):
+    """Each compiled size holds its own copy of the weights (1.4 GB at full size): a third size lets the least
+    recently used go before it is built and compiled, not after, so no more than KEEP are ever held at once."""
+    register("openvino")
+    held = []
+    with zoedepth.ZoeDepth(pth, backend="openvino") as det:
+        build = det.build
+
+        def counting(*size):
+            held.append(len(det._sessions))
+            return build(*size)
+
+        det.build = counting
+        for shape in ((64, 384, 3), (64, 256, 3), (64, 320, 3)):  # networks 96x512, 160x512, 128x512
+            det(np.zeros(shape, np.uint8))
+        assert len(det._sessions) == det.KEEP == 2
+    assert held == [0, 1, 1], held
+
+
 def test_the_detector_is_kept_counted_and_released(refs, pth):
     """The compiled detector is kept as the other preprocessors' are (kind ``depth_zoe``), a job's memory plan counts
     it (``preprocessor:depth_zoe``: the file's tensors as float32, 4 bytes each) and release() closes it."""

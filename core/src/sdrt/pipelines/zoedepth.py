@@ -440,6 +440,15 @@ class ZoeDepth(AnnotatorNet):
     def build(self, height: int, width: int) -> Any:
         return build_graph(self.arrays(), self.config, height, width)
 
+    def session(self, *size: int) -> Any:
+        """As :meth:`AnnotatorNet.session`, but a new size lets the least recently used go before it is built and
+        compiled (not after): each holds the 1.4 GB of weights, so no more than ``KEEP`` are held at once."""
+        with self._session_lock:
+            if size not in self._sessions:
+                while self._sessions and len(self._sessions) >= self.KEEP:
+                    self._sessions.pop(next(iter(self._sessions)))  # let go, not closed (another run may hold it)
+            return super().session(*size)
+
     def _infer(self, x: np.ndarray) -> np.ndarray:
         """``_infer_with_pad_aug`` of one (3, H, W) float32 ``x / 255`` image: reflect pad, resize, network, bicubic
         back, crop; (H, W) float32."""
