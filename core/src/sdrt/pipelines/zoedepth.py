@@ -427,7 +427,8 @@ class ZoeDepth(AnnotatorNet):
 
     WHAT = "ZoeDepth's ZoeD_M12_N.pt"
     FIX = f"pass ZoeDepth's {ZOE_FILE} (lllyasviel/Annotators)"
-    #: each compiled size holds the 1.4 GB of weights; ZoeDepth's input sizes are few (near 384 x 512)
+    #: each compiled size holds its own copy of the 1.4 GB of weights; a size follows the picture's aspect (384 x 512
+    #: for 4:3 and 3:4 pictures), so the two used last are kept
     KEEP = 2
 
     def strip(self, name: str) -> str:
