@@ -125,8 +125,11 @@ def main() -> None:
         image = test_image()
         out["image"] = image
         h, w = image.shape[:2]
-        cases = {"own": None} if args.full else {"own": None, "r64": 64, "r96": 96}
+        cases = {"own": None} if args.full else {"own": None, "r64": 64, "r96": 96, "wide": None}
         for tag, res in cases.items():
+            if tag == "wide":  # a long picture at its own size: a small non-square network input (96 x 512)
+                image = out["wide_image"] = test_image(60, 380)
+                h, w = image.shape[:2]
             if res is None:
                 padded, (ht, wt) = np.pad(image, [[0, -h % 64], [0, -w % 64], [0, 0]], mode="edge"), (h, w)
             else:

@@ -38,7 +38,7 @@ import numpy as np
 from ..errors import InputError
 from .netgraph import AnnotatorNet, Net
 
-__all__ = ["ZOE_FILE", "PUBLISHED", "Config", "ZoeDepth", "build_graph", "config_of", "depth_map", "expected_shapes",
+__all__ = ["ZOE_FILE", "MAX_PATCHES", "PUBLISHED", "Config", "ZoeDepth", "build_graph", "config_of", "depth_map", "expected_shapes",
            "net_size", "rel_pos_index", "rel_pos_table"]
 
 ZOE_FILE = "ZoeD_M12_N.pt"
@@ -57,6 +57,11 @@ MAX_TEMP = 50.0
 P_EPS = 1e-4
 #: MidasCore's input size (h, w), kept-aspect "minimal" resize to multiples of 32
 NET_SIZE = (384, 512)
+#: the most patches the network reads (384 x 4096 pixels, a picture up to about 1:10): the kept-aspect resize makes a
+#: long picture a long input, and BEiT's attention grows with the square of its tokens (16 heads x 6145^2 floats:
+#: 2.4 GB a block at this bound, 4.2 GB at a 1:16 picture's 8113 tokens; past about 1:20 the position index alone
+#: leaves the graph above ONNX's 2 GB)
+MAX_PATCHES = 6144
 
 
 @dataclass(frozen=True)
@@ -422,7 +427,8 @@ class ZoeDepth(AnnotatorNet):
 
     WHAT = "ZoeDepth's ZoeD_M12_N.pt"
     FIX = f"pass ZoeDepth's {ZOE_FILE} (lllyasviel/Annotators)"
-    #: each compiled size holds the 1.4 GB of weights; ZoeDepth's input sizes are few (near 384 x 512)
+    #: each compiled size holds its own copy of the 1.4 GB of weights; a size follows the picture's aspect (384 x 512
+    #: for 4:3 and 3:4 pictures), so the two used last are kept
     KEEP = 2
 
     def strip(self, name: str) -> str:
@@ -435,6 +441,15 @@ class ZoeDepth(AnnotatorNet):
     def build(self, height: int, width: int) -> Any:
         return build_graph(self.arrays(), self.config, height, width)
 
+    def session(self, *size: int) -> Any:
+        """As :meth:`AnnotatorNet.session`, but a new size lets the least recently used go before it is built and
+        compiled (not after): each holds the 1.4 GB of weights, so no more than ``KEEP`` are held at once."""
+        with self._session_lock:
+            if size not in self._sessions:
+                while self._sessions and len(self._sessions) >= self.KEEP:
+                    self._sessions.pop(next(iter(self._sessions)))  # let go, not closed (another run may hold it)
+            return super().session(*size)
+
     def _infer(self, x: np.ndarray) -> np.ndarray:
         """``_infer_with_pad_aug`` of one (3, H, W) float32 ``x / 255`` image: reflect pad, resize, network, bicubic
         back, crop; (H, W) float32."""
@@ -443,9 +458,13 @@ class ZoeDepth(AnnotatorNet):
         x = np.pad(x, ((0, 0), (ph, ph), (pw, pw)), mode="reflect")
         hp, wp = x.shape[1:]
         nh, nw = net_size(hp, wp)
-        if nh < 32 or nw < 32:
-            raise InputError(f"sdrt.pipelines.zoedepth: the image is {w}x{h}; ZoeDepth's resize makes it {nw}x{nh}",
-                             where="image", fix="pass an image whose sides are closer to 4:3")
+        if nh < 32 or nw < 32 or (nh // PATCH) * (nw // PATCH) > MAX_PATCHES:
+            why = ("under 32 pixels on a side" if nh < 32 or nw < 32 else
+                   f"above its {MAX_PATCHES} patches (384x4096 pixels): its attention would take "
+                   f"{16 * ((nh // PATCH) * (nw // PATCH) + 1) ** 2 * 4 / 1e9:.1f} GB a block")
+            raise InputError(f"sdrt.pipelines.zoedepth: the image is {w}x{h}; ZoeDepth's kept-aspect resize makes it "
+                             f"{nw}x{nh} for its network, {why}", where="image",
+                             fix="crop or pad the image nearer to 4:3 (at most about 1:10)")
         x = (resize_aligned(x, nh, nw) - np.float32(0.5)) / np.float32(0.5)
         out = self.session(nh, nw).run({"image": np.ascontiguousarray(x[None], np.float32)})["depth"][0, 0]
         out = np.asarray(out, np.float64)
