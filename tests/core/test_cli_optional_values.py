@@ -66,3 +66,30 @@ def test_an_unknown_flag_after_a_bare_one_is_said_unknown_not_a_value(capsys):
         main(["generate", "a cat", "--control-pixel-perfect", "--bogus"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unrecognized arguments: --bogus." in err and "takes on or off" not in err, err
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["generate", "MODEL", "--steps", "2", "a cat"], ["MODEL", "a cat"]),  # the prompt after an option
+    (["generate", "--steps", "2", "MODEL", "--seed", "3", "a cat"], ["MODEL", "a cat"]),
+    (["generate", "a cat", "--steps", "2"], ["a cat"]),
+])
+def test_the_prompt_may_follow_the_options(argv, words, monkeypatch):
+    """argparse reads one run of positionals: ``sdrt generate MODEL --steps 2 "a cat"`` was "unrecognized arguments:
+    a cat"; the words left over join the command's [MODEL] PROMPT in order, as a shell user expects."""
+    import sdrt.cli as cli
+
+    seen = {}
+    monkeypatch.setattr(cli, "check_nonempty", lambda args: seen.setdefault("args", args.args) and None)
+    parser = cli.build_parser()
+    monkeypatch.setattr(cli, "build_parser", lambda: parser)
+    sub = parser._subparsers._group_actions[0].choices["generate"]
+    monkeypatch.setattr(sub, "_defaults", {**sub._defaults, "_run": lambda args: 0})
+    assert cli.main(argv) == 0
+    assert seen["args"] == words
+
+
+def test_a_leftover_option_word_is_still_refused(capsys):
+    with pytest.raises(SystemExit):
+        main(["generate", "MODEL", "--steps", "2", "a cat", "--bogus"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "unrecognized arguments: a cat --bogus." in err, err

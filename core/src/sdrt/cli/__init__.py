@@ -166,6 +166,20 @@ class _OneLine(logging.Formatter):
         return printable(super().formatMessage(record))
 
 
+def _intermixed(sub: argparse.ArgumentParser | None, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The words argparse left over once the command's repeated positional was read (``sdrt generate MODEL --steps 4
+    "a cat"``: argparse takes one run of positionals, so the prompt after an option was "unrecognized"), appended to
+    it in order, as a shell user expects; left over still: a word that looks like an option, or one a bare
+    ``[on|off]`` flag was refused (its hint says why)."""
+    repeated = [a for a in (sub._actions if sub is not None else ()) if not a.option_strings and a.nargs in ("+", "*")]
+    if len(repeated) != 1 or any(w.startswith("-") and w != "-" for w in extra) \
+            or any(w in getattr(sub, "bare_after", {}) for w in extra):
+        return extra
+    dest = repeated[0].dest
+    setattr(args, dest, [*(getattr(args, dest) or []), *extra])
+    return []
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # importing the subcommands takes a while: Ctrl-C then is one line too
         parser = build_parser()
@@ -176,6 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra:  # refused by the command's own parser: "Where: sdrt plan", not the top-level "sdrt"
         sub = parser._subparsers._group_actions[0].choices.get(args.command) if parser._subparsers and \
             getattr(args, "command", None) else None
+        extra = _intermixed(sub, args, extra)
+    if extra:
         hint = next(((w, f) for w in extra for f in [getattr(sub, "bare_after", {}).get(w)] if f), None)
         (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}" + (
             f" ({hint[1]} takes on or off, or nothing for on: {hint[0]!r} is neither, and no other argument is left "
