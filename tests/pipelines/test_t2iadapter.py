@@ -270,7 +270,9 @@ def test_features_at_odd_level_sizes_equal_diffusers(backend: str) -> None:
 
 
 def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
-    """``t2iadapter_style_sd14v1.pth`` (CLIP vision tokens, not a control map) is told apart and refused."""
+    """``t2iadapter_style_sd14v1.pth`` (CLIP vision tokens, not a control map) given with another preprocessor than
+    ``t2ia_style_clipvision`` is told apart and refused, naming the preprocessor it runs with
+    (sdrt.pipelines.styleadapter)."""
     from safetensors.numpy import save_file
 
     f = tmp_path / "t2iadapter_style_sd14v1.safetensors"
@@ -281,6 +283,7 @@ def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
         pipe.generate("a cat", steps=2, width=64, height=64,
                       controlnets=[ControlNet(str(f), np.zeros((64, 64, 3), np.uint8))])
     assert "is the style T2I-Adapter" in str(e.value) and "controlnets[0]" in str(e.value)
+    assert "t2ia_style_clipvision" in str(e.value) and "does not run" not in str(e.value)
     assert "\n" not in str(e.value)
 
 
