@@ -312,3 +312,18 @@ def test_sdxl_adapter_in_the_original_names_gives_the_same_features(tmp_path: Pa
         assert b.layout == a.layout and a.layout.kind == "full_xl"
         for fa, fb in zip(a.features(x), b.features(x)):
             np.testing.assert_array_equal(fa, fb)
+
+
+def test_low_memory_releases_the_adapter_once_its_features_are_made() -> None:
+    """In low-memory mode only the running part is loaded: the adapter's compiled graph is closed once it has made
+    its features (before the denoising), and the next run compiles it again; otherwise it is kept between runs."""
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    z = np.load(DATA / folder / "refs.npz")
+    case = _cases(folder)[0]
+    for low, held in ((True, 0), (False, 1)):
+        with pipelines.load(DATA / folder, backend="reference", low_memory=low) as pipe:
+            image = _run(pipe, folder, case, z)
+            nets = list(pipe.__dict__.get("_t2i_nets", {}).values())
+            assert len(nets) == 1 and len(nets[0]._sessions) == held, (low, len(nets[0]._sessions))
+            assert np.abs(image.astype(int) - z[case["name"]][0]).max() <= 1

@@ -192,6 +192,9 @@ class ToolboxMixin:
                     unit.features[(width, height)] = unit.adapter.features(control)
             f = unit.features[(width, height)]
             feats.append((unit, [x * np.float32(c) for x, c in zip(f, feature_scales(unit, hires=hires))]))
+        if not self._dry and self._releases_extra("t2i_adapter"):  # type: ignore[attr-defined]
+            for unit in units:  # low memory: the adapters' graphs are not held through the denoising
+                unit.adapter.close()
         shapes = [sh for sh in feature_shapes(tb.adapters[0].adapter.layout, height, width)]
         batch = call.batch
 
