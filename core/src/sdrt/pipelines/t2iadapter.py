@@ -24,10 +24,10 @@ The rules (diffusers' ``StableDiffusionAdapterPipeline`` / ``StableDiffusionXLAd
 - the features times the unit's weight (diffusers' ``adapter_conditioning_scale``), on every row (uncond and cond);
 - they apply at step ``i`` while the unit's window is on (diffusers' ``adapter_conditioning_factor`` ``f`` is the window
   ``0..f``: on while ``i < int(n f)``), and nothing is added otherwise;
-- sd-webui-controlnet's rules (its ``window="a1111"`` and control modes, which serve uses): "My prompt is more
-  important" (and a canny / mlsd unit in the hires fix's second pass) scales the four features by
-  ``weight * (0.25, 0.62, 0.825, 1.0)``; "ControlNet is more important" gives the uncond rows nothing. The positions
-  are the same as diffusers'.
+- sd-webui-controlnet's rules (its ``window="a1111"`` and control modes, which serve uses): a control mode other
+  than Balanced (and a canny / mlsd unit in the hires fix's second pass) scales the four features by
+  ``weight * (0.25, 0.62, 0.825, 1.0)``; "ControlNet is more important" also gives the uncond rows nothing. The
+  positions are the same as diffusers'.
 """
 
 from __future__ import annotations
