@@ -170,6 +170,8 @@ class ToolboxMixin:
                                  where=where, fix=f"pass a T2I-Adapter made for {want}")
             unit.adapter = net
             unit.features = {}
+            if not self._dry:  # the map made now, as a ControlNet unit's: its detector may go before the UNet loads
+                self._control_tensor(unit, s.width, s.height, k)
 
     def _adapter_hook(self, s: Settings, call: Any, width: int, height: int, hires: bool,
                       state: cn.ControlState) -> Any:
