@@ -327,3 +327,24 @@ def test_low_memory_releases_the_adapter_once_its_features_are_made() -> None:
             nets = list(pipe.__dict__.get("_t2i_nets", {}).values())
             assert len(nets) == 1 and len(nets[0]._sessions) == held, (low, len(nets[0]._sessions))
             assert np.abs(image.astype(int) - z[case["name"]][0]).max() <= 1
+
+
+def test_several_adapter_units_add_their_weighted_features() -> None:
+    """diffusers' ``MultiAdapter`` (and the extension's ``total_t2i_adapter_embedding``) add each adapter's features
+    times its weight: the same adapter as two units at 0.4 and 0.6 gives the one unit at 1.0 (diffusers' image),
+    and a second, different adapter changes the image."""
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    z = np.load(DATA / folder / "refs.npz")
+    case = _cases(folder)[0]
+    path = str(DATA / folder / case["adapter"])
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"])
+    with _load(folder, "reference") as pipe:
+        two = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+            ControlNet(path, z[case["image"]], 0.4), ControlNet(path, z[case["image"]], 0.6)], **kw).images[0]
+        assert np.abs(two.astype(int) - z[case["name"]][0]).max() <= 1
+        light = str(DATA / folder / "t2iadapter_color_tiny.pth")
+        both = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+            ControlNet(path, z[case["image"]], 1.0), ControlNet(light, z["colors"], 1.0)], **kw).images[0]
+        assert np.abs(both.astype(int) - z[case["name"]][0]).max() > 5
