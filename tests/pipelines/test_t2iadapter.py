@@ -348,3 +348,31 @@ def test_several_adapter_units_add_their_weighted_features() -> None:
         both = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
             ControlNet(path, z[case["image"]], 1.0), ControlNet(light, z["colors"], 1.0)], **kw).images[0]
         assert np.abs(both.astype(int) - z[case["name"]][0]).max() > 5
+
+
+def test_only_the_jobs_adapters_stay_compiled(tmp_path: Path) -> None:
+    """The adapters a job uses are kept for the next job; one the job does not use (another file, or the same path
+    written anew) is closed and let go, as the IP-Adapters' image encoders are: a server cycling through adapter
+    files holds one set at a time."""
+    import shutil
+
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    img = np.zeros((64, 64, 3), np.uint8)
+    canny = tmp_path / "t2iadapter_canny_tiny.pth"
+    shutil.copy(DATA / folder / "t2iadapter_canny_tiny.pth", canny)
+    light = str(DATA / folder / "t2iadapter_color_tiny.pth")
+    with _load(folder, "reference") as pipe:
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img)])
+        first = list(pipe.__dict__["_t2i_nets"].values())
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img)])
+        assert list(pipe.__dict__["_t2i_nets"].values()) == first and len(first[0]._sessions) == 1  # kept
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(light, img)])
+        nets = list(pipe.__dict__["_t2i_nets"].values())
+        assert len(nets) == 1 and nets[0] is not first[0] and not first[0]._sessions
+        canny.write_bytes(canny.read_bytes())  # the same path written anew: a new net, the old one closed
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img),
+                                                                          ControlNet(light, img)])
+        assert len(pipe.__dict__["_t2i_nets"]) == 2
+        pipe.generate("a cat", steps=1, width=64, height=64)  # no adapter: none held
+        assert not pipe.__dict__["_t2i_nets"] and not nets[0]._sessions
