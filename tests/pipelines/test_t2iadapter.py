@@ -376,3 +376,44 @@ def test_only_the_jobs_adapters_stay_compiled(tmp_path: Path) -> None:
         assert len(pipe.__dict__["_t2i_nets"]) == 2
         pipe.generate("a cat", steps=1, width=64, height=64)  # no adapter: none held
         assert not pipe.__dict__["_t2i_nets"] and not nets[0]._sessions
+
+
+def _any_size_copy(tmp_path: Path) -> Path:
+    """The tiny SD 1.x folder with its UNet's and VAE's image dimensions made symbolic (the graphs are convolutional
+    and read their sizes at run time), so that a hires pass at twice the size runs."""
+    import shutil
+
+    import onnx
+
+    out = tmp_path / "tiny-sd15-t2ia-any"
+    shutil.copytree(DATA / "tiny-sd15-t2ia", out)
+    for part in ("unet", "vae_decoder", "vae_encoder"):
+        path = out / part / "model.onnx"
+        model = onnx.load(str(path), load_external_data=False)
+        for vi in [*model.graph.input, *model.graph.output]:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 4:
+                dims[2].dim_param, dims[3].dim_param = "H", "W"
+        del model.graph.value_info[:]
+        onnx.save(model, str(path))
+    return out
+
+
+def test_the_hires_pass_makes_features_at_its_size_and_reads_hr_option(tmp_path: Path) -> None:
+    """The hires fix's second pass (128x128 after 64x64) feeds features made from the map at its own size; a unit
+    for the high-res pass only moves the image, and one for the low-res pass only is not fed there."""
+    register("reference")
+    z = np.load(DATA / "tiny-sd15-t2ia" / "refs.npz")
+    path = str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth")
+    kw = dict(steps=4, seed=3, width=64, height=64, sampler="Euler", hires_scale=2.0, hires_steps=8,
+              hires_denoise=0.9)
+    with pipelines.load(_any_size_copy(tmp_path), backend="reference") as pipe:
+        def run(*units):
+            return pipe.generate("a cat", "ugly", controlnets=list(units), **kw).images[0].astype(int)
+
+        none = run()
+        assert none.shape == (128, 128, 3)
+        high = run(ControlNet(path, z["edges"], hr_option="High res only"))
+        both = run(ControlNet(path, z["edges"]))
+        low = run(ControlNet(path, z["edges"], hr_option="Low res only"))
+    assert np.abs(high - none).max() > 5 and np.abs(both - low).max() > 5
