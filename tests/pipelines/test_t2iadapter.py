@@ -159,10 +159,18 @@ def test_an_adapter_for_another_base_is_refused(folder: str, adapter: str, said:
 
 
 def test_guess_mode_is_refused_for_an_adapter() -> None:
+    """The pipeline's guess_mode puts every unit in guess mode: with an adapter unit it is refused, and the fix names
+    the unit's own guess_mode, which a ControlNet unit beside the adapter takes."""
     register("reference")
-    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError, match="guess_mode"):
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError, match="guess_mode") as e:
         pipe.generate("a cat", steps=2, width=64, height=64, guess_mode=True, controlnets=[
             ControlNet(str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth"), np.zeros((64, 64, 3), np.uint8))])
+    assert "controlnets[0] is a T2I-Adapter" in str(e.value) and "ControlNet units' own guess_mode" in str(e.value)
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError) as e:  # the unit's own
+        pipe.generate("a cat", steps=2, width=64, height=64, controlnets=[
+            ControlNet(str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth"), np.zeros((64, 64, 3), np.uint8),
+                       guess_mode=True)])
+    assert "Where: controlnets[0] guess_mode" in str(e.value) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------ the graph edit
