@@ -425,3 +425,19 @@ def test_the_hires_pass_makes_features_at_its_size_and_reads_hr_option(tmp_path:
         both = run(ControlNet(path, z["edges"]))
         low = run(ControlNet(path, z["edges"], hr_option="Low res only"))
     assert np.abs(high - none).max() > 5 and np.abs(both - low).max() > 5
+
+
+def test_an_adapter_given_as_the_model_says_where_it_goes(capsys) -> None:
+    """A T2I-Adapter file given as the model (the CLI's MODEL, serve's models folder) is named with where it goes
+    (--controlnet), not as a file 'which sdrt does not run'."""
+    from sdrt.cli import main
+    from sdrt.pipelines.singlefile import missing_parts
+
+    register("reference")
+    f = DATA / "tiny-sdxl-t2ia" / "t2i-adapter_diffusers_xl_tiny.safetensors"
+    assert main(["generate", str(f), "a cat", "--backend", "reference"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a T2I-Adapter" in err and "--controlnet FILE" in err, err
+    assert "which sdrt does not run" not in err, err
+    why = missing_parts(f)
+    assert why is not None and "is a T2I-Adapter" in why and "which sdrt does not run" not in why, why

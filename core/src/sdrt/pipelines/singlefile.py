@@ -137,7 +137,9 @@ def missing_parts(path: PathLike) -> str | None:
 
     ident = identify(w.shapes(), arch=gguf_arch(w))
     if ident.foreign:
-        return f"it is {ident.label}, which sdrt does not run"
+        from ..checkpoint.files import runs_elsewhere
+
+        return f"it is {ident.label}, " + ("not a model" if runs_elsewhere(ident.label) else "which sdrt does not run")
     if ident.family is None:  # a LoRA's label says "(not a checkpoint: pass it with ...)" itself
         return f"it is {ident.label}" + ("" if "(not a checkpoint: " in ident.label else ", not a model")
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}
