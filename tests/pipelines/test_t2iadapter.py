@@ -441,3 +441,8 @@ def test_an_adapter_given_as_the_model_says_where_it_goes(capsys) -> None:
     assert "which sdrt does not run" not in err, err
     why = missing_parts(f)
     assert why is not None and "is a T2I-Adapter" in why and "which sdrt does not run" not in why, why
+    from sdrt.pipelines.singlefile import check_part_file
+
+    with pytest.raises(ModelError) as e:  # given as a VAE file
+        check_part_file(f, "vae", "sdxl", "SDXL")
+    assert "is a T2I-Adapter" in e.value.what and e.value.what.endswith("not a VAE"), e.value.what

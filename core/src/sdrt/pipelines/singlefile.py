@@ -97,7 +97,10 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
     vae = arg == "vae"
     wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
     if ident.foreign:
-        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, which sdrt does not run", where=str(p),
+        from ..checkpoint.files import runs_elsewhere
+
+        tail = f"not {'a VAE' if vae else 'a text encoder'}" if runs_elsewhere(ident.label) else "which sdrt does not run"
+        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, {tail}", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind not in PART_KINDS:
         from ..checkpoint.families import NOT_CHECKPOINTS, detect, with_use
