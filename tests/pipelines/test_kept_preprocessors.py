@@ -220,3 +220,27 @@ def test_the_released_detector_leaves_the_unets_rss(big_midas):
     assert roomy["placed"] == "resident" and roomy["kept"] == ["midas"], roomy
     assert tight["placed"] == "released" and tight["kept"] == [], tight
     assert tight["unet_rss"] < roomy["unet_rss"] - roomy["detector_bytes"], got
+
+
+def test_a_t2i_adapter_units_detector_is_planned_and_released_in_low_memory(files, clean):
+    """A T2I-Adapter unit's model-backed preprocessor is planned as a ControlNet unit's is, and in low-memory mode
+    it is closed once the map is made, before the first step; the image is the one with the detector kept."""
+    from pipeline_helpers import DATA
+
+    from sdrt import pipelines
+    from sdrt.pipelines.controlnet import ControlNet
+
+    folder = DATA / "tiny-sd15-t2ia"
+    unit = dict(preprocessor="depth_midas", processor_res=64, preprocessor_models=files["depth_midas"])
+    adapter = str(folder / "t2iadapter_canny_tiny.pth")
+    seen: list[list[str]] = []
+    with pipelines.load(folder, backend="openvino") as pipe:
+        plan = pipe.plan("a room", controlnets=[ControlNet(adapter, IMAGE, **unit)], **KW).memory
+        assert plan.placement("preprocessor:midas") is not None
+        roomy = pipe.generate("a room", controlnets=[ControlNet(adapter, IMAGE, **unit)], **KW)
+        assert _kept() == ["midas"]
+    with pipelines.load(folder, backend="openvino", low_memory=True) as pipe:
+        low = pipe.generate("a room", controlnets=[ControlNet(adapter, IMAGE, **unit)],
+                            callback=lambda *a: seen.append(_kept()), **KW)
+    assert seen and all(k == [] for k in seen), seen  # closed before the first step
+    assert np.array_equal(roomy.images[0], low.images[0])

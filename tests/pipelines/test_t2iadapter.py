@@ -159,10 +159,18 @@ def test_an_adapter_for_another_base_is_refused(folder: str, adapter: str, said:
 
 
 def test_guess_mode_is_refused_for_an_adapter() -> None:
+    """The pipeline's guess_mode puts every unit in guess mode: with an adapter unit it is refused, and the fix names
+    the unit's own guess_mode, which a ControlNet unit beside the adapter takes."""
     register("reference")
-    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError, match="guess_mode"):
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError, match="guess_mode") as e:
         pipe.generate("a cat", steps=2, width=64, height=64, guess_mode=True, controlnets=[
             ControlNet(str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth"), np.zeros((64, 64, 3), np.uint8))])
+    assert "controlnets[0] is a T2I-Adapter" in str(e.value) and "ControlNet units' own guess_mode" in str(e.value)
+    with _load("tiny-sd15-t2ia", "reference") as pipe, pytest.raises(InputError) as e:  # the unit's own
+        pipe.generate("a cat", steps=2, width=64, height=64, controlnets=[
+            ControlNet(str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth"), np.zeros((64, 64, 3), np.uint8),
+                       guess_mode=True)])
+    assert "Where: controlnets[0] guess_mode" in str(e.value) and "\n" not in str(e.value)
 
 
 # ------------------------------------------------------------------ the graph edit
@@ -270,7 +278,9 @@ def test_features_at_odd_level_sizes_equal_diffusers(backend: str) -> None:
 
 
 def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
-    """``t2iadapter_style_sd14v1.pth`` (CLIP vision tokens, not a control map) is told apart and refused."""
+    """``t2iadapter_style_sd14v1.pth`` (CLIP vision tokens, not a control map) given with another preprocessor than
+    ``t2ia_style_clipvision`` is told apart and refused, naming the preprocessor it runs with
+    (sdrt.pipelines.styleadapter)."""
     from safetensors.numpy import save_file
 
     f = tmp_path / "t2iadapter_style_sd14v1.safetensors"
@@ -281,6 +291,7 @@ def test_the_style_adapter_is_refused_in_one_line(tmp_path: Path) -> None:
         pipe.generate("a cat", steps=2, width=64, height=64,
                       controlnets=[ControlNet(str(f), np.zeros((64, 64, 3), np.uint8))])
     assert "is the style T2I-Adapter" in str(e.value) and "controlnets[0]" in str(e.value)
+    assert "t2ia_style_clipvision" in str(e.value) and "does not run" not in str(e.value)
     assert "\n" not in str(e.value)
 
 
@@ -309,3 +320,129 @@ def test_sdxl_adapter_in_the_original_names_gives_the_same_features(tmp_path: Pa
         assert b.layout == a.layout and a.layout.kind == "full_xl"
         for fa, fb in zip(a.features(x), b.features(x)):
             np.testing.assert_array_equal(fa, fb)
+
+
+def test_low_memory_releases_the_adapter_once_its_features_are_made() -> None:
+    """In low-memory mode only the running part is loaded: the adapter's compiled graph is closed once it has made
+    its features (before the denoising), and the next run compiles it again; otherwise it is kept between runs."""
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    z = np.load(DATA / folder / "refs.npz")
+    case = _cases(folder)[0]
+    for low, held in ((True, 0), (False, 1)):
+        with pipelines.load(DATA / folder, backend="reference", low_memory=low) as pipe:
+            image = _run(pipe, folder, case, z)
+            nets = list(pipe.__dict__.get("_t2i_nets", {}).values())
+            assert len(nets) == 1 and len(nets[0]._sessions) == held, (low, len(nets[0]._sessions))
+            assert np.abs(image.astype(int) - z[case["name"]][0]).max() <= 1
+
+
+def test_several_adapter_units_add_their_weighted_features() -> None:
+    """diffusers' ``MultiAdapter`` (and the extension's ``total_t2i_adapter_embedding``) add each adapter's features
+    times its weight: the same adapter as two units at 0.4 and 0.6 gives the one unit at 1.0 (diffusers' image),
+    and a second, different adapter changes the image."""
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    z = np.load(DATA / folder / "refs.npz")
+    case = _cases(folder)[0]
+    path = str(DATA / folder / case["adapter"])
+    kw = dict(steps=case["steps"], cfg=case["cfg"], sampler=case["sampler"], seed=case["seed"], width=case["width"],
+              height=case["height"])
+    with _load(folder, "reference") as pipe:
+        two = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+            ControlNet(path, z[case["image"]], 0.4), ControlNet(path, z[case["image"]], 0.6)], **kw).images[0]
+        assert np.abs(two.astype(int) - z[case["name"]][0]).max() <= 1
+        light = str(DATA / folder / "t2iadapter_color_tiny.pth")
+        both = pipe.generate(case["prompt"], case["negative_prompt"], controlnets=[
+            ControlNet(path, z[case["image"]], 1.0), ControlNet(light, z["colors"], 1.0)], **kw).images[0]
+        assert np.abs(both.astype(int) - z[case["name"]][0]).max() > 5
+
+
+def test_only_the_jobs_adapters_stay_compiled(tmp_path: Path) -> None:
+    """The adapters a job uses are kept for the next job; one the job does not use (another file, or the same path
+    written anew) is closed and let go, as the IP-Adapters' image encoders are: a server cycling through adapter
+    files holds one set at a time."""
+    import shutil
+
+    register("reference")
+    folder = "tiny-sd15-t2ia"
+    img = np.zeros((64, 64, 3), np.uint8)
+    canny = tmp_path / "t2iadapter_canny_tiny.pth"
+    shutil.copy(DATA / folder / "t2iadapter_canny_tiny.pth", canny)
+    light = str(DATA / folder / "t2iadapter_color_tiny.pth")
+    with _load(folder, "reference") as pipe:
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img)])
+        first = list(pipe.__dict__["_t2i_nets"].values())
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img)])
+        assert list(pipe.__dict__["_t2i_nets"].values()) == first and len(first[0]._sessions) == 1  # kept
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(light, img)])
+        nets = list(pipe.__dict__["_t2i_nets"].values())
+        assert len(nets) == 1 and nets[0] is not first[0] and not first[0]._sessions
+        canny.write_bytes(canny.read_bytes())  # the same path written anew: a new net, the old one closed
+        pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(str(canny), img),
+                                                                          ControlNet(light, img)])
+        assert len(pipe.__dict__["_t2i_nets"]) == 2
+        pipe.generate("a cat", steps=1, width=64, height=64)  # no adapter: none held
+        assert not pipe.__dict__["_t2i_nets"] and not nets[0]._sessions
+
+
+def _any_size_copy(tmp_path: Path) -> Path:
+    """The tiny SD 1.x folder with its UNet's and VAE's image dimensions made symbolic (the graphs are convolutional
+    and read their sizes at run time), so that a hires pass at twice the size runs."""
+    import shutil
+
+    import onnx
+
+    out = tmp_path / "tiny-sd15-t2ia-any"
+    shutil.copytree(DATA / "tiny-sd15-t2ia", out)
+    for part in ("unet", "vae_decoder", "vae_encoder"):
+        path = out / part / "model.onnx"
+        model = onnx.load(str(path), load_external_data=False)
+        for vi in [*model.graph.input, *model.graph.output]:
+            dims = vi.type.tensor_type.shape.dim
+            if len(dims) == 4:
+                dims[2].dim_param, dims[3].dim_param = "H", "W"
+        del model.graph.value_info[:]
+        onnx.save(model, str(path))
+    return out
+
+
+def test_the_hires_pass_makes_features_at_its_size_and_reads_hr_option(tmp_path: Path) -> None:
+    """The hires fix's second pass (128x128 after 64x64) feeds features made from the map at its own size; a unit
+    for the high-res pass only moves the image, and one for the low-res pass only is not fed there."""
+    register("reference")
+    z = np.load(DATA / "tiny-sd15-t2ia" / "refs.npz")
+    path = str(DATA / "tiny-sd15-t2ia" / "t2iadapter_canny_tiny.pth")
+    kw = dict(steps=4, seed=3, width=64, height=64, sampler="Euler", hires_scale=2.0, hires_steps=8,
+              hires_denoise=0.9)
+    with pipelines.load(_any_size_copy(tmp_path), backend="reference") as pipe:
+        def run(*units):
+            return pipe.generate("a cat", "ugly", controlnets=list(units), **kw).images[0].astype(int)
+
+        none = run()
+        assert none.shape == (128, 128, 3)
+        high = run(ControlNet(path, z["edges"], hr_option="High res only"))
+        both = run(ControlNet(path, z["edges"]))
+        low = run(ControlNet(path, z["edges"], hr_option="Low res only"))
+    assert np.abs(high - none).max() > 5 and np.abs(both - low).max() > 5
+
+
+def test_an_adapter_given_as_the_model_says_where_it_goes(capsys) -> None:
+    """A T2I-Adapter file given as the model (the CLI's MODEL, serve's models folder) is named with where it goes
+    (--controlnet), not as a file 'which sdrt does not run'."""
+    from sdrt.cli import main
+    from sdrt.pipelines.singlefile import missing_parts
+
+    register("reference")
+    f = DATA / "tiny-sdxl-t2ia" / "t2i-adapter_diffusers_xl_tiny.safetensors"
+    assert main(["generate", str(f), "a cat", "--backend", "reference"]) != 0
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "is a T2I-Adapter" in err and "--controlnet FILE" in err, err
+    assert "which sdrt does not run" not in err, err
+    why = missing_parts(f)
+    assert why is not None and "is a T2I-Adapter" in why and "which sdrt does not run" not in why, why
+    from sdrt.pipelines.singlefile import check_part_file
+
+    with pytest.raises(ModelError) as e:  # given as a VAE file
+        check_part_file(f, "vae", "sdxl", "SDXL")
+    assert "is a T2I-Adapter" in e.value.what and e.value.what.endswith("not a VAE"), e.value.what

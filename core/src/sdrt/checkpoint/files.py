@@ -215,10 +215,15 @@ def is_t5_file(path: PathLike) -> bool:
         return False  # an unreadable file is named by the code that binds it
 
 
+def runs_elsewhere(label: str) -> bool:
+    """Whether a foreign file's label says where sdrt runs it instead (an upscaler, an IP-Adapter, a T2I-Adapter)."""
+    return "(not an image generator: pass it" in label or label.endswith(", not as one)")
+
+
 def unrunnable(name: str, ident: Identity) -> str:
-    """The one line for a file of a family sdrt does not run (``Identity.foreign``), or runs elsewhere (an upscaler,
-    whose label says where it goes: not "which sdrt does not run" after "pass it as the hires upscaler")."""
-    if "(not an image generator: pass it" in ident.label:
+    """The one line for a file of a family sdrt does not run (``Identity.foreign``), or runs elsewhere (an upscaler
+    or an adapter, whose label says where it goes: not "which sdrt does not run" after "pass it as ...")."""
+    if runs_elsewhere(ident.label):
         return f"{name} is {ident.label}, not a model"
     return f"{name} is {ident.label}, which sdrt does not run"
 

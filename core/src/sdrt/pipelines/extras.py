@@ -146,6 +146,7 @@ class ToolboxMixin:
         tb: Toolbox = s.toolbox
         nets = self.__dict__.setdefault("_t2i_nets", {})
         family = self.family.name  # type: ignore[attr-defined]
+        used = set()
         for k, unit in enumerate(tb.adapters):
             k = tb.place(unit, k)  # noqa: PLW2901
             where = f"controlnets[{k}]"
@@ -166,6 +167,7 @@ class ToolboxMixin:
                     raise type(exc)(exc.what, where=f"{where} ({exc.where})" if exc.where else where,
                                     fix=exc.fix) from None
                 nets[key] = net
+            used.add(key)
             base = net.layout.base
             if (base == "sdxl") != (family == "sdxl"):
                 want = "SDXL" if family == "sdxl" else "SD 1.x / 2.x"
@@ -173,6 +175,11 @@ class ToolboxMixin:
                                  where=where, fix=f"pass a T2I-Adapter made for {want}")
             unit.adapter = net
             unit.features = {}
+            if not self._dry:  # the map made now, as a ControlNet unit's: its detector may go before the UNet loads
+                self._control_tensor(unit, s.width, s.height, k)
+        if not self._dry:  # an adapter this job does not use (another file, or its path written anew) goes
+            for key in [key for key in nets if key not in used]:
+                nets.pop(key).close()
 
     def _adapter_hook(self, s: Settings, call: Any, width: int, height: int, hires: bool,
                       state: cn.ControlState) -> Any:
@@ -195,6 +202,9 @@ class ToolboxMixin:
                     unit.features[(width, height)] = unit.adapter.features(control)
             f = unit.features[(width, height)]
             feats.append((unit, [x * np.float32(c) for x, c in zip(f, feature_scales(unit, hires=hires))]))
+        if not self._dry and self._releases_extra("t2i_adapter"):  # type: ignore[attr-defined]
+            for unit in units:  # low memory: the adapters' graphs are not held through the denoising
+                unit.adapter.close()
         shapes = [sh for sh in feature_shapes(tb.adapters[0].adapter.layout, height, width)]
         batch = call.batch
 

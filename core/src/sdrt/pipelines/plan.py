@@ -227,7 +227,8 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
         out["upscaler"] = ("upscaler", hr.model)
     from .preprocessors import WITH_MODELS, detector
 
-    for unit in (s.toolbox.controlnets if s.toolbox is not None else None) or []:
+    tb = s.toolbox
+    for unit in [*tb.controlnets, *tb.adapters] if tb is not None else []:  # T2I-Adapter units' maps too
         if unit.preprocessor in WITH_MODELS and unit.preprocessor_models is not None:
             found = detector(unit.preprocessor, unit.preprocessor_models)
             out.setdefault(f"preprocessor:{found.kind}", ("preprocessor", found))

@@ -97,7 +97,10 @@ def check_part_file(path: PathLike, arg: str, family: str, label: str) -> PartFi
     vae = arg == "vae"
     wanted = sorted({k for part, k in kinds.items() if part.startswith("vae") == vae})
     if ident.foreign:
-        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, which sdrt does not run", where=str(p),
+        from ..checkpoint.files import runs_elsewhere
+
+        tail = f"not {'a VAE' if vae else 'a text encoder'}" if runs_elsewhere(ident.label) else "which sdrt does not run"
+        raise ModelError(f"{{@{arg}}}: {p.name} is {ident.label}, {tail}", where=str(p),
                          fix=f"{label} takes {' and '.join(PART_KINDS[k] for k in wanted)} here")
     if ident.kind not in PART_KINDS:
         from ..checkpoint.families import NOT_CHECKPOINTS, detect, with_use
@@ -137,7 +140,9 @@ def missing_parts(path: PathLike) -> str | None:
 
     ident = identify(w.shapes(), arch=gguf_arch(w))
     if ident.foreign:
-        return f"it is {ident.label}, which sdrt does not run"
+        from ..checkpoint.files import runs_elsewhere
+
+        return f"it is {ident.label}, " + ("not a model" if runs_elsewhere(ident.label) else "which sdrt does not run")
     if ident.family is None:  # a LoRA's label says "(not a checkpoint: pass it with ...)" itself
         return f"it is {ident.label}" + ("" if "(not a checkpoint: " in ident.label else ", not a model")
     have = {"vae_decoder" if c == "vae" else c for c in ident.components}

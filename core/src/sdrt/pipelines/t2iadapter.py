@@ -14,7 +14,8 @@ The files, recognized by their keys and shapes (:class:`AdapterNet`):
   ``LightAdapter``), a folder holding ``config.json`` and ``diffusion_pytorch_model.safetensors`` or that file alone
   (``t2i-adapter_diffusers_xl_canny.safetensors``).
 
-The style adapter (``t2iadapter_style_sd14v1.pth``) is another kind of model (CLIP vision tokens) and is refused.
+The style adapter (``t2iadapter_style_sd14v1.pth``) is another kind of model (CLIP vision tokens): it runs with the
+preprocessor ``t2ia_style_clipvision`` (:mod:`sdrt.pipelines.styleadapter`), and is refused here with any other.
 
 The rules (diffusers' ``StableDiffusionAdapterPipeline`` / ``StableDiffusionXLAdapterPipeline``):
 
@@ -23,10 +24,10 @@ The rules (diffusers' ``StableDiffusionAdapterPipeline`` / ``StableDiffusionXLAd
 - the features times the unit's weight (diffusers' ``adapter_conditioning_scale``), on every row (uncond and cond);
 - they apply at step ``i`` while the unit's window is on (diffusers' ``adapter_conditioning_factor`` ``f`` is the window
   ``0..f``: on while ``i < int(n f)``), and nothing is added otherwise;
-- sd-webui-controlnet's rules (its ``window="a1111"`` and control modes, which serve uses): "My prompt is more
-  important" (and a canny / mlsd unit in the hires fix's second pass) scales the four features by
-  ``weight * (0.25, 0.62, 0.825, 1.0)``; "ControlNet is more important" gives the uncond rows nothing. The positions
-  are the same as diffusers'.
+- sd-webui-controlnet's rules (its ``window="a1111"`` and control modes, which serve uses): a control mode other
+  than Balanced (and a canny / mlsd unit in the hires fix's second pass) scales the four features by
+  ``weight * (0.25, 0.62, 0.825, 1.0)``; "ControlNet is more important" also gives the uncond rows nothing. The
+  positions are the same as diffusers'.
 """
 
 from __future__ import annotations
@@ -162,8 +163,10 @@ class AdapterNet(AnnotatorNet):
     def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
         where = str(self.path)
         if "style_embedding" in shapes:
-            raise ModelError(f"{where} is the style T2I-Adapter (t2iadapter_style, CLIP vision tokens), which sdrt does "
-                             "not run", where=where, fix="use a control T2I-Adapter (canny, depth, sketch, ...)")
+            raise ModelError(f"{where} is the style T2I-Adapter (t2iadapter_style, CLIP vision tokens), which runs with "
+                             "the preprocessor t2ia_style_clipvision only", where=where,
+                             fix="pass preprocessor='t2ia_style_clipvision' (and the CLIP ViT-L/14 vision encoder as "
+                                 "preprocessor_models), or a control T2I-Adapter (canny, depth, sketch, ...)")
         bare = {(k[len("adapter."):] if k.startswith("adapter.") else k): tuple(int(d) for d in v)
                 for k, v in shapes.items()}
         diffusers = any(k.startswith("adapter.") for k in shapes)

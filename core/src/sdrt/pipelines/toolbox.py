@@ -150,8 +150,14 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
     if tb.adapters:
         for u in tb.adapters:
             if u.guess_mode:
-                raise InputError(f"controlnets[{tb.place(u, 0)}] is a T2I-Adapter, and {{@guess_mode}} scales ControlNet "
-                                 "residuals", where="guess_mode", fix="leave {@guess_mode} out for a T2I-Adapter")
+                k = tb.place(u, 0)
+                if guess:  # the pipeline's argument, which puts every unit in guess mode
+                    raise InputError(f"controlnets[{k}] is a T2I-Adapter, and {{@guess_mode}} scales ControlNet "
+                                     "residuals", where="guess_mode",
+                                     fix="leave {@guess_mode} out (a ControlNet unit beside it takes guess mode as "
+                                         "the ControlNet units' own guess_mode=True)")
+                raise InputError(f"controlnets[{k}] is a T2I-Adapter, and its guess_mode scales ControlNet residuals",
+                                 where=f"controlnets[{k}] guess_mode", fix=f"leave controlnets[{k}]'s guess_mode out")
         tb.controlnets = [u for u in tb.controlnets if all(u is not a for a in tb.adapters)]
     rng = kwargs.get("rng")  # no truth test of the value: an array's is a ValueError ("ambiguous")
     rng = "cpu" if rng is None or (isinstance(rng, str) and not rng) else rng
