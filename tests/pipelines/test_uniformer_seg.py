@@ -275,3 +275,25 @@ def test_seg_in_a_controlnet_run_and_on_the_command_line(refs, pth, tmp_path, ca
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "upernet_global_small.pth" in err, err
+
+
+def test_a_long_thin_image_is_refused_in_one_line(pth, tmp_path):
+    """UniFormer's four stages divide the side it reads by 32: an image more than about 64 times as long as it is wide
+    is read (fitting 2048 x 512) below 32 pixels on its shorter side, which no stage can hold (mmseg's network fails
+    on it; sdrt's would divide by zero). Refused in one line, by the run plan's map_size too, before any file is read;
+    at 32 exactly it runs."""
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlmaps import ControlImageError
+    from sdrt.pipelines.uniformerseg import net_size
+
+    assert net_size(64, 4096) == (32, 2048) and net_size(64, 4224)[0] == 31
+    for call in (lambda: preprocessors.preprocess(np.zeros((1, 200, 3), np.uint8), "seg_ufade20k", resolution=64,
+                                                  models=tmp_path),
+                 lambda: preprocessors.preprocess(np.zeros((64, 4224, 3), np.uint8), "seg_ufade20k", models=tmp_path),
+                 lambda: preprocessors.map_size("seg_ufade20k", 1, 200, 64)):
+        with pytest.raises(ControlImageError, match="at least 32 pixels") as e:
+            call()
+        assert "\n" not in str(e.value)
+    register("openvino")
+    made = preprocessors.preprocess(np.zeros((64, 4096, 3), np.uint8), "seg_ufade20k", models=pth, backend="openvino")
+    assert made.shape == (64, 4096, 3)

@@ -39,7 +39,8 @@ import numpy as np
 
 from .netgraph import AnnotatorNet, Net
 
-__all__ = ["CLASSES", "SMALL", "UNIFORMER_FILE", "UniformerSeg", "bilinear_matrix", "build_graph", "config_of",
+__all__ = ["CLASSES", "MIN_SIDE", "SMALL", "UNIFORMER_FILE", "UniformerSeg", "bilinear_matrix", "build_graph",
+           "check_size", "config_of",
            "expected_shapes", "logits_to_labels", "net_size", "pool_matrix", "prepare", "seg_map"]
 
 UNIFORMER_FILE = "upernet_global_small.pth"
@@ -142,6 +143,26 @@ def net_size(h: int, w: int) -> tuple[int, int]:
     """``(height, width)`` the network reads an ``h x w`` image at: ``mmcv.imrescale`` to fit 2048 x 512."""
     f = min(max(SCALE) / max(h, w), min(SCALE) / min(h, w))
     return int(h * float(f) + 0.5), int(w * float(f) + 0.5)
+
+
+#: the shortest side the network can read: its four stages divide it by 4, 2, 2 and 2
+MIN_SIDE = 32
+
+
+def check_size(height: int, width: int, resolution: int | None = None) -> None:
+    """A ``ControlImageError`` when an ``height x width`` image (padded to 64; at processor resolution
+    ``resolution``, None: its own size) is read (fitting 2048 x 512) below :data:`MIN_SIDE` on a side: an image more
+    than about 64 times as long as it is wide, on which no stage of the network has a row left."""
+    nh, nw = net_size(height, width)
+    if min(nh, nw) < MIN_SIDE:
+        from .controlmaps import ControlImageError
+
+        at = "at its own size" if resolution is None else f"at processor resolution {resolution}"
+        raise ControlImageError(f"seg_ufade20k reads the control image ({at} {width}x{height}) at {nw}x{nh}, to fit "
+                                f"2048x512, and its network needs at least {MIN_SIDE} pixels on each side",
+                                where="sdrt.pipelines.uniformerseg",
+                                fix="crop the image nearer to a square (at most about 64 times as long as it is "
+                                    "wide)")
 
 
 def bilinear_matrix(src: int, dst: int) -> np.ndarray:
@@ -329,6 +350,7 @@ class UniformerSeg(AnnotatorNet):
         """The decode head's ``(150, h / 4, w / 4)`` logits of an RGB uint8 image (rescaled here as mmseg does)."""
         from .cvresize import resample
 
+        check_size(*rgb.shape[:2])
         nh, nw = net_size(*rgb.shape[:2])
         img = rgb if (nh, nw) == rgb.shape[:2] else resample(rgb, nw, nh, "linear")
         return self.session(nh, nw).run({"image": prepare(img)})["logits"][0]
