@@ -158,6 +158,7 @@ def test_the_networks_image_is_bounded(tmp_path):
             call()
         assert "\n" not in str(e.value)
     assert preprocessors.map_size("seg_anime_face", 64, 4096, None) == (64, 4096)
+    assert animeface.MAX_NET_PIXELS == preprocessors.MAX_NET_PIXELS
 
 
 def test_without_pillow_one_line(monkeypatch):

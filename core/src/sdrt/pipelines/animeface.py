@@ -37,6 +37,9 @@ ANIME_FACE_FILE = "UNet.pth"
 #: background, hair, eye, mouth, face, skin, clothes (the module's COLOR_* in its PALETTE order)
 PALETTE = np.array([(255, 255, 0), (0, 0, 255), (255, 0, 0), (255, 255, 255), (0, 255, 0), (0, 255, 255),
                     (255, 0, 255)], np.uint8)
+#: the largest image the network reads, as the other networks' (``preprocessors.MAX_NET_PIXELS``; not imported from
+#: there: preprocessors imports this module)
+MAX_NET_PIXELS = 2048 * 8192
 #: MobileNetV2's inverted residual settings (expansion, channels, repeats, first stride) for features[1..16]
 _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2))
 #: the features each encoder block holds (en_block0: 0 and 1, ...)
@@ -137,8 +140,6 @@ def check_size(height: int, width: int, resolution: int | None = None) -> None:
     """A ``ControlImageError`` when the network would read an ``height x width`` image (padded to 64; at processor
     resolution ``resolution``, None: its own size) above ``MAX_NET_PIXELS``, as the other networks' images are
     bounded: it reads it at 512 on its shorter side whatever its size, so a long thin image is read far larger."""
-    from .preprocessors import MAX_NET_PIXELS
-
     nh, nw = net_size(height, width)
     if nh * nw > MAX_NET_PIXELS:
         from .controlmaps import ControlImageError
