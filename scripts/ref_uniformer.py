@@ -7,7 +7,9 @@ UniFormer-S one).
 The code is the extension's own (``annotator/uniformer`` and its vendored mmcv / mmseg, ``annotator/mmpkg``), taken
 from its git repository (``EXT_GIT``, a bare clone) into a temporary folder at run time and imported from there
 (nothing of it is kept; A1111's ``modules.devices`` and the extension's ``annotator_path`` are stubbed: CPU, no
-download folder; mmcv's Config needs ``addict`` and ``yapf``). ``init_segmentor`` builds the segmentor from the
+download folder; mmcv's Config needs ``addict`` and ``yapf``, which the reference venv lacks: install them there
+for this script only, ``/work/refvenv/bin/pip install addict yapf``, which brings yapf's ``platformdirs``; sdrt and
+its tests never import them). ``init_segmentor`` builds the segmentor from the
 extension's ``upernet_global_small.py`` config (for the narrow file with the backbone's widths and blocks and the
 heads' channels overridden) and loads the file with mmcv's ``load_checkpoint``; each map is the processor's
 ``uniformer``: ``resize_image_with_pad`` (scripts/ref_mlsd.py's copy of the extension's), ``inference_segmentor``

@@ -140,3 +140,32 @@ def test_in_a_controlnet_run(refs, pth):
             image, "seg_anime_face", resolution=64, models=pth, backend=backend))], **kw)[0]
     assert np.array_equal(gen.images[0], by_hand)
     assert gen.settings[0]["ControlNet 0"].startswith("Module: seg_anime_face, Model: controlnet")
+
+
+def test_the_networks_image_is_bounded(tmp_path):
+    """The UNet reads the image at 512 on its shorter side whatever the resolution: a long thin image is read far
+    larger than it is given (64 x 8192 at 512 x 65536, 33.5 M pixels: tens of GB of activations). Refused in one
+    line above MAX_NET_PIXELS, as the other networks' images are, by the run plan's map_size too, before any file is
+    read; 64 x 4096 (512 x 32768) is within it."""
+    from sdrt.pipelines.controlmaps import ControlImageError
+
+    for call in (lambda: preprocessors.preprocess(np.zeros((64, 8192, 3), np.uint8), "seg_anime_face",
+                                                  models=tmp_path),
+                 lambda: preprocessors.preprocess(np.zeros((8, 1024, 3), np.uint8), "seg_anime_face", resolution=64,
+                                                  models=tmp_path),
+                 lambda: preprocessors.map_size("seg_anime_face", 8, 1024, 64)):
+        with pytest.raises(ControlImageError, match="at 65536x512, 512 on its shorter side") as e:
+            call()
+        assert "\n" not in str(e.value)
+    assert preprocessors.map_size("seg_anime_face", 64, 4096, None) == (64, 4096)
+    assert animeface.MAX_NET_PIXELS == preprocessors.MAX_NET_PIXELS
+
+
+def test_without_pillow_one_line(monkeypatch):
+    """Pillow is an extra (sdrt[images]), not a core dependency: without it the resize to 512 is one line naming
+    Pillow and how to install it (an image already 512 on its shorter side needs none)."""
+    monkeypatch.setitem(sys.modules, "PIL", None)  # as when Pillow is not installed
+    with pytest.raises(InputError, match="Pillow is not installed") as e:
+        animeface._resized(np.zeros((64, 64, 3), np.uint8))
+    assert "\n" not in str(e.value) and "pip install pillow" in str(e.value)
+    assert animeface._resized(np.zeros((512, 576, 3), np.uint8)).shape == (512, 576, 3)

@@ -147,6 +147,24 @@ def test_logits_resized_twice_then_argmax():
     assert (once != made).mean() > 0.01  # (measured: 2.2 %)
 
 
+def test_logits_to_labels_memory_is_bounded_on_a_wide_image():
+    """The widest image the network reads (64:1, padded 64 x 32768 from 32 x 2048): the two resizes composed without
+    a dense 32768 x 2048 float64 matrix (512 MiB) and in bands of a bounded number of pixels, not of 32 rows (32 x
+    32768 x 150 float32: 629 MiB a temporary). Peak of numpy's allocations (tracemalloc) under 160 MiB (measured
+    1827 MiB before). test_logits_resized_twice_then_argmax holds the classes."""
+    import tracemalloc
+
+    rng = np.random.default_rng(4)
+    logits = rng.standard_normal((150, 8, 512)).astype(np.float32)
+    tracemalloc.start()
+    try:
+        made = uniformerseg.logits_to_labels(logits, (32, 2048), (64, 32768))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert made.shape == (64, 32768) and peak < 160 * 2 ** 20, peak / 2 ** 20
+
+
 def test_paint_is_ades_palette():
     from sdrt.pipelines.segpalette import ADE20K, paint
 
@@ -275,3 +293,25 @@ def test_seg_in_a_controlnet_run_and_on_the_command_line(refs, pth, tmp_path, ca
     assert main([*args, "-o", str(out)]) == 1
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--control-preprocessor-models" in err and "upernet_global_small.pth" in err, err
+
+
+def test_a_long_thin_image_is_refused_in_one_line(pth, tmp_path):
+    """UniFormer's four stages divide the side it reads by 32: an image more than about 64 times as long as it is wide
+    is read (fitting 2048 x 512) below 32 pixels on its shorter side, which no stage can hold (mmseg's network fails
+    on it; sdrt's would divide by zero). Refused in one line, by the run plan's map_size too, before any file is read;
+    at 32 exactly it runs."""
+    from sdrt.pipelines import preprocessors
+    from sdrt.pipelines.controlmaps import ControlImageError
+    from sdrt.pipelines.uniformerseg import net_size
+
+    assert net_size(64, 4096) == (32, 2048) and net_size(64, 4224)[0] == 31
+    for call in (lambda: preprocessors.preprocess(np.zeros((1, 200, 3), np.uint8), "seg_ufade20k", resolution=64,
+                                                  models=tmp_path),
+                 lambda: preprocessors.preprocess(np.zeros((64, 4224, 3), np.uint8), "seg_ufade20k", models=tmp_path),
+                 lambda: preprocessors.map_size("seg_ufade20k", 1, 200, 64)):
+        with pytest.raises(ControlImageError, match="at least 32 pixels") as e:
+            call()
+        assert "\n" not in str(e.value)
+    register("openvino")
+    made = preprocessors.preprocess(np.zeros((64, 4096, 3), np.uint8), "seg_ufade20k", models=pth, backend="openvino")
+    assert made.shape == (64, 4096, 3)

@@ -1,9 +1,10 @@
 """sdrt serve's seg_ufade20k (the extension's module ``segmentation``): /controlnet/detect finds
 upernet_global_small.pth in ComfyUI's layout beside the models and gives the map the Python API gives
-(tests/pipelines/test_uniformer_seg.py holds that map against the extension's code); module_detail lists no sliders,
-as the extension's slider config leaves the module out (its UI's resolution slider, 512, is what a request without
-processor_res runs at); a txt2img unit with module seg_ufade20k runs. The same for the extension's
-anime_face_segment (seg_anime_face), its UNet.pth in the extension's layout above the models folder."""
+(tests/pipelines/test_uniformer_seg.py holds that map against the extension's code); module_detail lists its
+Preprocessor Resolution slider (64 to 2048, 512), as the extension's 1.1.4xx slider config has it for "segmentation";
+a txt2img unit with module seg_ufade20k runs. The same for the extension's anime_face_segment (seg_anime_face), its
+UNet.pth in the extension's layout above the models folder; that module is left out of the slider config, so
+module_detail lists no sliders (its UI's resolution slider, 512, is what a request without processor_res runs at)."""
 
 from __future__ import annotations
 
@@ -53,7 +54,9 @@ def test_detect_segmentation(server, root) -> None:
     listed = requests.get(f"{server}/controlnet/module_list", timeout=30).json()["module_list"]
     assert "segmentation" in listed
     aliased = requests.get(f"{server}/controlnet/module_list?alias_names=true", timeout=30).json()
-    assert "seg_ufade20k" in aliased["module_list"] and aliased["module_detail"]["seg_ufade20k"]["sliders"] == []
+    assert "seg_ufade20k" in aliased["module_list"]
+    assert aliased["module_detail"]["seg_ufade20k"]["sliders"] == [
+        {"name": "Preprocessor Resolution", "min": 64, "max": 2048, "value": 512}]
     for module in ("segmentation", "seg_ufade20k"):  # the module's name and its UI's
         r = requests.post(f"{server}/controlnet/detect", json={
             "controlnet_module": module, "controlnet_processor_res": 64,
@@ -67,6 +70,17 @@ def test_detect_segmentation(server, root) -> None:
         "controlnet_module": "segmentation", "controlnet_input_images": [_b64(REFS["image"])]}, timeout=300)
     assert r.status_code == 200, r.text
     assert _rgb(r.json()["images"][0]).shape == (698, 512, 3)
+
+
+def test_module_detail_as_the_extensions_slider_config() -> None:
+    """1.1.4xx's preprocessor_sliders_config lists "segmentation" with the resolution slider; not
+    "anime_face_segment" (no sliders: the UI's 512). Read without a server."""
+    from sdrt.serve import controlnet as cn
+
+    detail = cn.module_detail(alias_names=False)
+    assert detail["segmentation"]["sliders"] == [{"name": "Preprocessor Resolution", "min": 64, "max": 2048,
+                                                  "value": 512}]
+    assert detail["anime_face_segment"]["sliders"] == []
 
 
 def test_txt2img_with_a_segmentation_unit(server) -> None:

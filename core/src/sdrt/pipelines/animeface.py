@@ -30,12 +30,16 @@ import numpy as np
 
 from .netgraph import AnnotatorNet, Net
 
-__all__ = ["ANIME_FACE_FILE", "PALETTE", "AnimeFaceSeg", "build_graph", "expected_shapes", "face_map", "net_size"]
+__all__ = ["ANIME_FACE_FILE", "PALETTE", "AnimeFaceSeg", "build_graph", "check_size", "expected_shapes", "face_map",
+           "net_size"]
 
 ANIME_FACE_FILE = "UNet.pth"
 #: background, hair, eye, mouth, face, skin, clothes (the module's COLOR_* in its PALETTE order)
 PALETTE = np.array([(255, 255, 0), (0, 0, 255), (255, 0, 0), (255, 255, 255), (0, 255, 0), (0, 255, 255),
                     (255, 0, 255)], np.uint8)
+#: the largest image the network reads, as the other networks' (``preprocessors.MAX_NET_PIXELS``; not imported from
+#: there: preprocessors imports this module)
+MAX_NET_PIXELS = 2048 * 8192
 #: MobileNetV2's inverted residual settings (expansion, channels, repeats, first stride) for features[1..16]
 _SETTINGS = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2))
 #: the features each encoder block holds (en_block0: 0 and 1, ...)
@@ -132,7 +136,23 @@ def net_size(h: int, w: int) -> tuple[int, int]:
     return int(512 * h / w), 512
 
 
+def check_size(height: int, width: int, resolution: int | None = None) -> None:
+    """A ``ControlImageError`` when the network would read an ``height x width`` image (padded to 64; at processor
+    resolution ``resolution``, None: its own size) above ``MAX_NET_PIXELS``, as the other networks' images are
+    bounded: it reads it at 512 on its shorter side whatever its size, so a long thin image is read far larger."""
+    nh, nw = net_size(height, width)
+    if nh * nw > MAX_NET_PIXELS:
+        from .controlmaps import ControlImageError
+
+        at = "at its own size" if resolution is None else f"at processor resolution {resolution}"
+        raise ControlImageError(f"seg_anime_face reads the control image ({at} {width}x{height}) at {nw}x{nh}, 512 "
+                                f"on its shorter side, above {MAX_NET_PIXELS} pixels (2048x8192)",
+                                where="sdrt.pipelines.animeface",
+                                fix="crop the image nearer to a square (at most 64 times as long as it is wide)")
+
+
 def _resized(rgb: np.ndarray) -> np.ndarray:
+    check_size(*rgb.shape[:2])
     nh, nw = net_size(*rgb.shape[:2])
     if (nh, nw) == rgb.shape[:2]:
         return rgb

@@ -434,6 +434,18 @@ def check_net_pixels(height: int, width: int, resolution: int | None) -> None:
         raise err
 
 
+def _check_read(name: str, height: int, width: int, resolution: int | None) -> None:
+    """The refusals of the networks that resize the padded ``height x width`` image themselves: seg_anime_face's
+    (512 on its shorter side, bounded by :data:`MAX_NET_PIXELS` there), seg_ufade20k's (at least 32 on each side)."""
+    if name == "seg_anime_face":
+        from .animeface import check_size
+    elif name == "seg_ufade20k":
+        from .uniformerseg import check_size
+    else:
+        return
+    check_size(height, width, resolution)
+
+
 def map_size(name: str, height: int, width: int, resolution: int | None) -> tuple[int, int]:
     """``(height, width)`` of the map model-backed preprocessor ``name`` makes of a ``height x width`` image at
     ``resolution`` (None: the image's own size), worked out without running its network (a run plan's: the map is
@@ -444,12 +456,14 @@ def map_size(name: str, height: int, width: int, resolution: int | None) -> tupl
     spec = SPECS[name]
     if resolution is None and name in _PADDED_OWN:  # the network reads the whole image, padded to 64
         check_net_pixels(height + -height % 64, width + -width % 64, None)
+        _check_read(name, height + -height % 64, width + -width % 64, None)
     if resolution is None or spec.resolution not in ("pad", "scale"):
         return height, width
     th, tw = processor_size(height, width, resolution)
     if name in WITH_MODELS and name not in _OWN_SIZE:  # the network reads the image padded to 64, as _made pads it
         check_net_pixels(th + -th % 64 if spec.resolution == "pad" else th,
                          tw + -tw % 64 if spec.resolution == "pad" else tw, resolution)
+        _check_read(name, th + -th % 64, tw + -tw % 64, resolution)
     return th, tw
 
 
@@ -793,9 +807,11 @@ def _made(rgb: np.ndarray, name: str, low: float | None, high: float | None, res
             rgb, crop = np.ascontiguousarray(rgb[:crop[0], :crop[1]]), None
         if name in WITH_MODELS and name not in _OWN_SIZE:
             check_net_pixels(rgb.shape[0], rgb.shape[1], resolution)
+            _check_read(name, rgb.shape[0], rgb.shape[1], resolution)
     elif name in _PADDED_OWN and np.ndim(rgb) >= 2:  # at its own size the detector pads the whole image to 64
         h, w = np.shape(rgb)[:2]
         check_net_pixels(h + -h % 64, w + -w % 64, None)
+        _check_read(name, h + -h % 64, w + -w % 64, None)
     if name == "canny":
         rgb = cm.to_rgb(cm.canny(rgb, lo, hi))
     elif name == "scribble":

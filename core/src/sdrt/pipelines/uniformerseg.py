@@ -39,7 +39,8 @@ import numpy as np
 
 from .netgraph import AnnotatorNet, Net
 
-__all__ = ["CLASSES", "SMALL", "UNIFORMER_FILE", "UniformerSeg", "bilinear_matrix", "build_graph", "config_of",
+__all__ = ["CLASSES", "MIN_SIDE", "SMALL", "UNIFORMER_FILE", "UniformerSeg", "bilinear_matrix", "build_graph",
+           "check_size", "config_of",
            "expected_shapes", "logits_to_labels", "net_size", "pool_matrix", "prepare", "seg_map"]
 
 UNIFORMER_FILE = "upernet_global_small.pth"
@@ -144,18 +145,49 @@ def net_size(h: int, w: int) -> tuple[int, int]:
     return int(h * float(f) + 0.5), int(w * float(f) + 0.5)
 
 
-def bilinear_matrix(src: int, dst: int) -> np.ndarray:
-    """``(dst, src)`` float64: PyTorch's bilinear interpolation of one axis, ``align_corners=False`` (source
-    ``(i + 0.5) * src / dst - 0.5``, clamped at 0, two taps, the second clamped at the edge)."""
-    m = np.zeros((dst, src), np.float64)
+#: the shortest side the network can read: its four stages divide it by 4, 2, 2 and 2
+MIN_SIDE = 32
+
+
+def check_size(height: int, width: int, resolution: int | None = None) -> None:
+    """A ``ControlImageError`` when an ``height x width`` image (padded to 64; at processor resolution
+    ``resolution``, None: its own size) is read (fitting 2048 x 512) below :data:`MIN_SIDE` on a side: an image more
+    than about 64 times as long as it is wide, on which no stage of the network has a row left."""
+    nh, nw = net_size(height, width)
+    if min(nh, nw) < MIN_SIDE:
+        from .controlmaps import ControlImageError
+
+        at = "at its own size" if resolution is None else f"at processor resolution {resolution}"
+        raise ControlImageError(f"seg_ufade20k reads the control image ({at} {width}x{height}) at {nw}x{nh}, to fit "
+                                f"2048x512, and its network needs at least {MIN_SIDE} pixels on each side",
+                                where="sdrt.pipelines.uniformerseg",
+                                fix="crop the image nearer to a square (at most about 64 times as long as it is "
+                                    "wide)")
+
+
+def _bilinear_rows(src: int, dst: int) -> list[dict[int, float]]:
+    """Each output row of :func:`bilinear_matrix` as ``{source index: weight}`` (zero weights left out)."""
+    rows = []
     scale = np.float32(src) / np.float32(dst)
     for i in range(dst):
         x = max(float(np.float32((i + 0.5) * scale - 0.5)), 0.0)
         x0 = min(int(math.floor(x)), src - 1)
         x1 = min(x0 + 1, src - 1)
         lam = x - x0
-        m[i, x0] += 1.0 - lam
-        m[i, x1] += lam
+        row: dict[int, float] = {}
+        for j, v in ((x0, 1.0 - lam), (x1, lam)):
+            row[j] = row.get(j, 0.0) + v
+        rows.append({j: v for j, v in row.items() if v != 0.0})
+    return rows
+
+
+def bilinear_matrix(src: int, dst: int) -> np.ndarray:
+    """``(dst, src)`` float64: PyTorch's bilinear interpolation of one axis, ``align_corners=False`` (source
+    ``(i + 0.5) * src / dst - 0.5``, clamped at 0, two taps, the second clamped at the edge)."""
+    m = np.zeros((dst, src), np.float64)
+    for i, row in enumerate(_bilinear_rows(src, dst)):
+        for j, v in row.items():
+            m[i, j] = v
     return m
 
 
@@ -283,26 +315,42 @@ def prepare(rgb: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.transpose(2, 0, 1)[None], np.float32)
 
 
-def _taps(m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """A ``(dst, src)`` interpolation matrix as taps: ``(dst, k)`` source indices and float32 weights (rows with
-    fewer taps padded with weight 0)."""
-    k = max(int((m != 0).sum(1).max()), 1)
-    idx = np.zeros((m.shape[0], k), np.intp)
-    w = np.zeros((m.shape[0], k), np.float32)
-    for i, row in enumerate(m):
-        nz = np.flatnonzero(row)
-        idx[i, :len(nz)], w[i, :len(nz)] = nz, row[nz]
+def _composed_taps(src: int, mid: int, dst: int) -> tuple[np.ndarray, np.ndarray]:
+    """The bilinear resize ``src -> mid`` followed by ``mid -> dst`` of one axis as one of taps: ``(dst, k)`` source
+    indices and float32 weights (at most four a row; rows with fewer padded with weight 0), the product of the two
+    matrices summed row by row from their nonzero weights, never held whole (``dst x mid`` float64 is 512 MiB for a
+    32768-wide image)."""
+    first, second = _bilinear_rows(src, mid), _bilinear_rows(mid, dst)
+    rows = []
+    for row in second:
+        out: dict[int, float] = {}
+        for j, a in row.items():
+            for t, b in first[j].items():
+                out[t] = out.get(t, 0.0) + a * b
+        rows.append(sorted((t, v) for t, v in out.items() if v != 0.0))
+    k = max(max((len(r) for r in rows), default=1), 1)
+    idx = np.zeros((dst, k), np.intp)
+    w = np.zeros((dst, k), np.float32)
+    for i, r in enumerate(rows):
+        for n, (t, v) in enumerate(r):
+            idx[i, n], w[i, n] = t, v
     return idx, w
 
 
+#: the output pixels :func:`logits_to_labels` resizes at once (x 150 classes x 4 bytes: 39 MiB a temporary)
+BAND_PIXELS = 65536
+
+
 def logits_to_labels(logits: np.ndarray, net_hw: tuple[int, int], out_hw: tuple[int, int],
-                     rows: int = 32) -> np.ndarray:
+                     rows: int | None = None) -> np.ndarray:
     """The ``(H, W)`` class map of the decode head's ``(C, h, w)`` logits: resized bilinearly to ``net_hw`` and
     then to ``out_hw`` (``align_corners=False`` both; the two resizes of an axis composed into one, at most four
-    taps), argmax over the classes, in bands of ``rows`` output rows (the full-size logits are never held)."""
+    taps), argmax over the classes, in bands of ``rows`` output rows (default: :data:`BAND_PIXELS` pixels' worth;
+    the full-size logits are never held)."""
     c, h, w = logits.shape
-    ih, wh = _taps(bilinear_matrix(net_hw[0], out_hw[0]) @ bilinear_matrix(h, net_hw[0]))
-    iw, ww = _taps(bilinear_matrix(net_hw[1], out_hw[1]) @ bilinear_matrix(w, net_hw[1]))
+    ih, wh = _composed_taps(h, net_hw[0], out_hw[0])
+    iw, ww = _composed_taps(w, net_hw[1], out_hw[1])
+    rows = max(1, BAND_PIXELS // max(out_hw[1], 1)) if rows is None else rows
     x = np.ascontiguousarray(logits, np.float32)
     out = np.empty(out_hw, np.int64)
     for r in range(0, out_hw[0], rows):
@@ -329,6 +377,7 @@ class UniformerSeg(AnnotatorNet):
         """The decode head's ``(150, h / 4, w / 4)`` logits of an RGB uint8 image (rescaled here as mmseg does)."""
         from .cvresize import resample
 
+        check_size(*rgb.shape[:2])
         nh, nw = net_size(*rgb.shape[:2])
         img = rgb if (nh, nw) == rgb.shape[:2] else resample(rgb, nw, nh, "linear")
         return self.session(nh, nw).run({"image": prepare(img)})["logits"][0]

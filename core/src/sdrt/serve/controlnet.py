@@ -141,9 +141,10 @@ _UI_RES.update({m: _RES for m in ("lineart", "lineart_coarse", "lineart_anime", 
 # depth_zoe: no sliders in module_detail (the extension's resolution None), its UI's default resolution slider
 SLIDERS["depth_zoe"] = []
 _UI_RES["depth_zoe"] = _RES
-# the segmentation modules are outside it too (module_detail: no sliders; the UI's resolution slider, 512)
-SLIDERS["segmentation"] = SLIDERS["anime_face_segment"] = []
-_UI_RES["segmentation"] = _UI_RES["anime_face_segment"] = _RES
+# "segmentation" is in it with its resolution slider; anime_face_segment is not (module_detail: no sliders; the
+# UI's resolution slider, 512)
+SLIDERS["segmentation"] = [_RES]
+SLIDERS["anime_face_segment"], _UI_RES["anime_face_segment"] = [], _RES
 #: the extension's resize modes (sdrt.pipelines.images names them, with its aliases and A1111's img2img names)
 RESIZE_MODES = CONTROL_RESIZE_MODES
 CONTROL_MODES = ("Balanced", "My prompt is more important", "ControlNet is more important")
