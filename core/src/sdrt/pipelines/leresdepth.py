@@ -248,15 +248,8 @@ class LeresDepth(AnnotatorNet):
     WHAT = "LeReS's depth model (res101.pth)"
     FIX = f"pass LeReS's {LERES_FILE} (lllyasviel/Annotators)"
 
-    def strip(self, name: str) -> str:
-        return _strip(name)
-
-    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        self.config = config_of({_strip(n): s for n, s in shapes.items()})
-        return expected_shapes(self.config)
-
-    def build(self, height: int, width: int) -> Any:
-        return build_graph(self.arrays(), self.config, height, width)
+    strip = staticmethod(_strip)
+    ARCH = (config_of, expected_shapes, build_graph)
 
     def depth(self, rgb: np.ndarray) -> np.ndarray:
         """The network's depth (HxW float32) of an RGB uint8 image whose sides are multiples of 32."""

@@ -250,10 +250,15 @@ class AnnotatorNet:
 
     Subclasses set ``WHAT`` (how errors name the model, e.g. "OpenPose's body model") and ``FIX`` (what to pass
     instead), and implement :meth:`expected` (the bare tensor names and shapes, from the file's shapes when the
-    size varies) and :meth:`build` (the ``onnx.ModelProto`` for one input size, from ``self.arrays()``)."""
+    size varies) and :meth:`build` (the ``onnx.ModelProto`` for one input size, from ``self.arrays()``), or set
+    :attr:`ARCH` where the architecture module does both from a config read off the file's shapes."""
 
     WHAT = "the preprocessor's model"
     FIX = "pass the model file the preprocessor names"
+    #: ``(config_of(shapes), expected_shapes(config), build_graph(arrays, config, *size))`` of an architecture whose
+    #: size is read off the file's bare names and shapes (LeReS, NormalBae, ZoeDepth, UniFormer): :meth:`expected`
+    #: and :meth:`build` by them, the config kept as ``self.config``
+    ARCH: tuple[Any, Any, Any] | None = None
     #: the input sizes whose compiled graphs are kept, the most recently used: each holds the weights (MiDaS's
     #: 490 MB), and a server's requests come in many sizes
     KEEP = 4
@@ -287,10 +292,16 @@ class AnnotatorNet:
         return name[len("module."):] if name.startswith("module.") else name
 
     def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        raise NotImplementedError
+        if self.ARCH is None:
+            raise NotImplementedError
+        config_of, expected_shapes, _ = self.ARCH
+        self.config = config_of({self.strip(n): s for n, s in shapes.items()})
+        return expected_shapes(self.config)
 
     def build(self, *size: int) -> Any:
-        raise NotImplementedError
+        if self.ARCH is None:
+            raise NotImplementedError
+        return self.ARCH[2](self.arrays(), self.config, *size)
 
     def arrays(self) -> dict[str, np.ndarray]:
         """The expected tensors as float32 arrays, by bare name (read once)."""

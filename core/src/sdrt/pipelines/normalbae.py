@@ -298,15 +298,8 @@ class NormalBae(AnnotatorNet):
     WHAT = "Bae et al.'s surface normal model (NNET, scannet.pt)"
     FIX = f"pass lllyasviel's {NORMALBAE_FILE} (lllyasviel/Annotators)"
 
-    def strip(self, name: str) -> str:
-        return _strip(name)
-
-    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        self.config = config_of({_strip(n): s for n, s in shapes.items()})
-        return expected_shapes(self.config)
-
-    def build(self, height: int, width: int) -> Any:
-        return build_graph(self.arrays(), self.config, height, width)
+    strip = staticmethod(_strip)
+    ARCH = (config_of, expected_shapes, build_graph)
 
     def normals(self, rgb: np.ndarray) -> np.ndarray:
         """The network's ``(3, H, W)`` unit normals for an RGB uint8 image whose sides are multiples of 32."""

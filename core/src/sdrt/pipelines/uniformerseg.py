@@ -365,13 +365,7 @@ class UniformerSeg(AnnotatorNet):
 
     WHAT = "UniFormer's ADE20K segmentation model (UperNet, upernet_global_small.pth)"
     FIX = f"pass lllyasviel's {UNIFORMER_FILE} (lllyasviel/Annotators)"
-
-    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        self.config = config_of({self.strip(n): s for n, s in shapes.items()})
-        return expected_shapes(self.config)
-
-    def build(self, height: int, width: int) -> Any:
-        return build_graph(self.arrays(), self.config, height, width)
+    ARCH = (config_of, expected_shapes, build_graph)
 
     def logits(self, rgb: np.ndarray) -> np.ndarray:
         """The decode head's ``(150, h / 4, w / 4)`` logits of an RGB uint8 image (rescaled here as mmseg does)."""

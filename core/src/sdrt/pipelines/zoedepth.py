@@ -431,15 +431,8 @@ class ZoeDepth(AnnotatorNet):
     #: for 4:3 and 3:4 pictures), so the two used last are kept
     KEEP = 2
 
-    def strip(self, name: str) -> str:
-        return _strip(name)
-
-    def expected(self, shapes: Mapping[str, Sequence[int]]) -> dict[str, tuple[int, ...]]:
-        self.config = config_of({_strip(n): s for n, s in shapes.items()})
-        return expected_shapes(self.config)
-
-    def build(self, height: int, width: int) -> Any:
-        return build_graph(self.arrays(), self.config, height, width)
+    strip = staticmethod(_strip)
+    ARCH = (config_of, expected_shapes, build_graph)
 
     def session(self, *size: int) -> Any:
         """As :meth:`AnnotatorNet.session`, but a new size lets the least recently used go before it is built and
