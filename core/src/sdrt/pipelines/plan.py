@@ -230,7 +230,6 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     if hr is not None and hr.model is not None and not hr.latent:
         out["upscaler"] = ("upscaler", hr.model)
     from .preprocessors import WITH_MODELS, detector
-
     from .styleadapter import adapter_name, is_style
 
     for unit in (s.toolbox.controlnets if s.toolbox is not None else None) or []:
