@@ -544,6 +544,19 @@ def upscaler_bytes(path: Any) -> int:
     return sum(4 * math.prod(shape) for shape in Weights.open(path).shapes().values())
 
 
+def apply_section(other: Any, calls: Mapping[str, Any] | None, prefix: str, base: Callable[[], int]) -> None:
+    """A second model of the job (the hires checkpoint, ``hires.*``; the refiner, ``refiner.*``) told the plan the
+    run plan prints for it (``RunPlan.hires_memory`` / ``refiner_memory``): planned on ``base()`` (the process and
+    the first model's resident parts) with its own calls of ``calls`` (the job's, its parts under ``prefix``), its
+    parts released once used, or streamed, where that plan places them. Nothing when it makes no call."""
+    own = {k.removeprefix(prefix): v for k, v in (calls or {}).items() if k.startswith(prefix)}
+    if not own:
+        return
+    other.memory_plan(base=base(), calls=own)
+    other._memory_calls = None  # applied below on that base (a plan of its own jobs is made again for them)
+    other._apply_memory_plan(own)
+
+
 def _lean_graph(part: Part) -> Any:
     """The part's graph, loaded without its external data when not loaded yet."""
     if part._graph is not None:
