@@ -319,3 +319,53 @@ def test_low_memory_releases_the_face_graphs(adapters, tiny_encoder_graph):  # n
         pipe.generate(case["prompt"], case["negative_prompt"], ip_adapter=face_unit(case, adapters), **kwargs(case))
         models = next(iter(pipe.__dict__["_face_models"].values()))
         assert models.detector.sessions and models.recognizer.sessions
+
+
+def _a_bigger_worse_face(monkeypatch) -> tuple[list, list]:
+    """The stand-in detector's faces are all ~48 px and its best scored is also its largest (REFS), so the two
+    rules cannot be told apart on it: a larger, lower-scored face is added after what it finds. Returns (that face
+    in a list once detected, the faces embedded)."""
+    from sdrt.pipelines.faces import Face
+
+    real_detect, real_embed = FaceModels.detect, FaceModels.embed
+    big: list = []
+    embedded: list = []
+
+    def detect(self, rgb):
+        found = real_detect(self, rgb)
+        last = found[-1]
+        big[:] = [Face(last.bbox + np.array([-20, -20, 20, 20], np.float32), 0.55, last.kps)]
+        return [*found, *big]
+
+    def embed(self, rgb, face, normed=True):
+        embedded.append(face)
+        return real_embed(self, rgb, face, normed)
+
+    monkeypatch.setattr(FaceModels, "detect", detect)
+    monkeypatch.setattr(FaceModels, "embed", embed)
+    return big, embedded
+
+
+@pytest.mark.parametrize("largest", [None, False, True])
+def test_faceid_embeds_the_best_scored_face_unless_asked_for_the_largest(adapters, monkeypatch, largest):
+    """The API follows h94's model cards and diffusers' FaceID examples (``faces[0]``, InsightFace's best scored);
+    ``largest_face=True`` takes sd-webui-controlnet's ``pick_largest_face`` rule (what sdrt serve sends)."""
+    from sdrt.pipelines import ipadapter
+
+    big, embedded = _a_bigger_worse_face(monkeypatch)
+    register("reference")
+    case = next(c for c in CASES if not c["plus"] and c["base"] == "sd15")
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        ad = open_ip_adapter(adapters[("sd15", False)], base="sd1", text_width=32)
+        ipadapter.face_inputs(pipe, ad, face_unit(case, adapters, largest_face=largest), 0, 1)
+    if largest:
+        assert embedded[-1] is big[0]
+    else:
+        assert embedded[-1] is not big[0] and abs(embedded[-1].score - REFS["scores"][0]) < 1e-4
+
+
+def test_largest_face_must_be_a_bool(adapters):
+    from sdrt.pipelines.ipadapter import parse
+
+    with pytest.raises(InputError, match="largest_face must be True, False or None"):
+        parse(face_unit(CASES[0], adapters, largest_face="yes"))

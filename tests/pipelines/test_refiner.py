@@ -490,3 +490,28 @@ def test_cli_refiner_switch_by_steps(tmp_path, capsys) -> None:
                  "--refiner-switch-by-steps", "-o", str(out)]) == 0
     text = read_parameters(out)
     assert "Refiner switch by sampling steps: True, Refiner: tiny-sdxl-refiner [" in text, text
+
+
+def test_the_run_places_the_refiners_parts_as_its_plan_does() -> None:
+    """The plan's refiner section (RunPlan.refiner_memory) is what the run does, as the hires checkpoint's: under a
+    tight ``memory=`` a refiner loaded from a path plans under the base's budget (it planned under 90% of the OS)
+    and its parts the plan releases are released once used (the run applied no plan to the refiner: every part of
+    it stayed loaded whatever the plan printed); a loaded refiner pipeline plans and runs under its own."""
+    register("reference")
+    kw = dict(steps=4, cfg=3, seed=2, sampler="Euler", width=64, height=64, refiner_switch_at=0.5)
+    with pipelines.load(DATA / "tiny-sdxl", backend="reference", memory="4MB") as pipe:
+        rp = pipe.plan("a cat", "blurry", refiner=REFINER, **kw)
+        assert "budget 3.8 MiB (memory=)" in rp.format().split("refiner memory")[1].splitlines()[0]
+        placed = {p.part: p.placement for p in rp.refiner_memory.parts}
+        assert placed["unet"] == "released" and placed["text_encoder_2"] == "released"
+        pipe.generate("a cat", "blurry", refiner=REFINER, **kw)
+        ref = next(iter(pipe._refiners.values()))
+        assert ref.memory == pipe.memory
+        assert not ref._parts["unet"].sessions and not ref._parts["text_encoder_2"].sessions
+    with pipelines.load(DATA / "tiny-sdxl", backend="reference") as pipe, \
+            pipelines.load(DATA / FOLDER, backend="reference", memory="4MB") as ref:
+        rp = pipe.plan("a cat", "blurry", refiner=ref, **kw)
+        placed = {p.part: p.placement for p in rp.refiner_memory.parts}
+        assert placed["unet"] == "released"
+        pipe.generate("a cat", "blurry", refiner=ref, **kw)
+        assert not ref._parts["unet"].sessions and not ref._parts["text_encoder_2"].sessions

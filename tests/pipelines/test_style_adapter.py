@@ -159,3 +159,30 @@ def test_the_tokens_follow_every_chunk_of_a_long_prompt(tiny_vitl, monkeypatch):
     assert ctx.shape[:2] == (2, 3 * 77) and out.shape[:2] == (2, 3 * 77 + 8)
     assert np.array_equal(out[:, :231], ctx) and np.all(out[0, 231:] == 0)
     assert np.abs(tokens).max() > 0 and np.allclose(out[1, 231:], tokens[0])
+
+
+def test_the_plan_counts_the_adapters_own_weights_and_the_run_releases_them_as_it_says(tiny_vitl):
+    """The adapter's arrays (float32, held by numpy; the real t2iadapter_style_sd14v1.pth ~150 MB) are a part of the
+    memory plan, ``style_adapter:<file>``, beside the style encoder; a plan that keeps them resident keeps them
+    for the next job, one that releases them (a tight ``memory=``) drops them once the tokens are made."""
+    from sdrt.pipelines.styleadapter import StyleAdapterFile
+
+    register("reference")
+    case = CASES[0]
+    name = f"style_adapter:{ADAPTER.name}"
+    held = sum(a.nbytes for a in StyleAdapterFile(ADAPTER, "x").a.values())
+    with pipelines.load(SD15, backend="reference") as pipe:
+        rp = pipe.plan(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+        ad = rp.memory.placement(name)
+        assert ad is not None and ad.role == "style_adapter" and ad.weight_bytes == held
+        assert rp._beside[name] == ["style_encoder"]
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+        assert pipe.memory_plan().placement(name).placement == "resident"
+        kept = list(pipe.__dict__["_style_adapters"].values())
+        assert len(kept) == 1
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+        assert list(pipe.__dict__["_style_adapters"].values()) == kept  # the same arrays, not read again
+    with pipelines.load(SD15, backend="reference", memory="1MB") as pipe:  # below the process: every part released
+        pipe.generate(case["prompt"], case["negative_prompt"], controlnets=units(case), **kwargs(case))
+        assert pipe.memory_plan().placement(name).placement != "resident"
+        assert not pipe.__dict__["_style_adapters"]

@@ -141,3 +141,33 @@ def test_buffalo_l_is_found_in_sd_webui_controlnets_layout_or_refused(tmp_path) 
     ext = tmp_path / "webui" / "extensions" / "sd-webui-controlnet" / "annotator" / "downloads" / "insightface"
     shutil.copytree(FACES / "buffalo_l", ext / "models" / "buffalo_l")
     assert _face_models(Reg(), "f.module") == ext / "models" / "buffalo_l"
+
+
+def test_a_faceid_unit_embeds_the_largest_face_as_the_extension(server, monkeypatch) -> None:
+    """sd-webui-controlnet's FaceID preprocessors embed the largest face (``InsightFaceModel.pick_largest_face``),
+    not InsightFace's best scored (sdrt's API default, h94's ``faces[0]``): a larger, lower-scored face added to
+    what the stand-in detector finds (its own faces are all ~48 px, the best also the largest) is the one embedded.
+    The server runs in this process (a thread), so the patched detector is the one it calls."""
+    from sdrt.pipelines.faces import Face, FaceModels
+
+    real_detect, real_embed = FaceModels.detect, FaceModels.embed
+    big: list = []
+    embedded: list = []
+
+    def detect(self, rgb):
+        found = real_detect(self, rgb)
+        if not found:  # the plan's dry run
+            return found
+        big[:] = [Face(found[-1].bbox + np.array([-20, -20, 20, 20], np.float32), 0.55, found[-1].kps)]
+        return [*found, *big]
+
+    def embed(self, rgb, face, normed=True):
+        embedded.append(face)
+        return real_embed(self, rgb, face, normed)
+
+    monkeypatch.setattr(FaceModels, "detect", detect)
+    monkeypatch.setattr(FaceModels, "embed", embed)
+    case = CASES["faceid/sd15/0.8"]
+    r = _post(server, {**_body(case, _unit("ip-adapter_face_id", "ip-adapter-faceid_sd15", case["scale"])), "steps": 1})
+    assert r.status_code == 200, r.text
+    assert embedded and embedded[-1] is big[0]

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import io
+import json
 import shutil
 from pathlib import Path
 
@@ -59,3 +60,23 @@ def test_variation_seeds_change_the_image_and_are_written(url):
     varied = _txt2img(url, subseed=9, subseed_strength=0.5)
     assert varied["images"][0] != plain["images"][0]
     assert "Variation seed: 9" in varied["info"] and "Variation seed strength: 0.5" in varied["info"]
+
+
+def test_variation_seeds_across_n_iter_follow_a1111(url):
+    """A1111's ``p.all_seeds`` / ``p.all_subseeds``: with a variation seed, every image of the job keeps the seed
+    and image ``j`` (over n_iter x batch_size) gets subseed ``subseed + j``. serve runs each n_iter batch as its
+    own generate(): batch 1's first image is the same picture as a one-image job with subseed 9 + 2."""
+    out = _txt2img(url, subseed=9, subseed_strength=0.5, n_iter=2, batch_size=2)
+    info = json.loads(out["info"])
+    assert info["all_seeds"] == [5, 5, 5, 5]
+    assert info["all_subseeds"] == [9, 10, 11, 12]
+    assert [t.count("Variation seed: ") for t in info["infotexts"]] == [1] * 4
+    assert [int(t.split("Variation seed: ")[1].split(",")[0]) for t in info["infotexts"]] == [9, 10, 11, 12]
+    assert ["Seed: 5," in t for t in info["infotexts"]] == [True] * 4
+    alone = _txt2img(url, subseed=11, subseed_strength=0.5)
+    assert _pixels(out["images"][2]) == _pixels(alone["images"][0])
+    assert _pixels(out["images"][2]) != _pixels(out["images"][0])
+
+
+def _pixels(b64: str) -> bytes:
+    return Image.open(io.BytesIO(base64.b64decode(b64))).tobytes()

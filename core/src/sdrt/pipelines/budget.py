@@ -500,6 +500,9 @@ def part_memory(part: Part, kept: frozenset[str] = frozenset()) -> tuple[int, in
     return total - floats + stored, stored, narrow
 
 
+#: the roles of extra parts that are files, not graphs the backend compiles (``upscaler_bytes`` / ``weight_bytes``)
+FILE_ROLES = ("upscaler", "preprocessor", "style_adapter")
+
 #: a compiled preprocessor detector's bytes per byte of its float32 weights while it compiles and runs: its network
 #: is built as an in-memory graph and compiled whole (MiDaS on OpenVINO's CPU device, tests/pipelines/kept_rss_probe.py:
 #: the process peaked 4.6x its 169 MiB of weights above the model at a ViT width of 512, 5.6x its 470 MiB at the
@@ -527,7 +530,7 @@ def extra_bytes(extras: Mapping[str, tuple[str, Any]]) -> int:
     total = 0
     for _, (role, extra) in extras.items():
         try:
-            total += (upscaler_bytes(extra) if role == "upscaler" else extra.weight_bytes() if role == "preprocessor"
+            total += (upscaler_bytes(extra) if role in ("upscaler", "style_adapter") else extra.weight_bytes() if role == "preprocessor"
                       else part_weight_bytes(extra))
         except Exception as exc:  # noqa: BLE001 - an estimate: a part that cannot be sized counts none
             log.debug("memory: no size for the %s %s: %s", role, extra, exc)
@@ -539,6 +542,19 @@ def upscaler_bytes(path: Any) -> int:
     from ..weights import Weights
 
     return sum(4 * math.prod(shape) for shape in Weights.open(path).shapes().values())
+
+
+def apply_section(other: Any, calls: Mapping[str, Any] | None, prefix: str, base: Callable[[], int]) -> None:
+    """A second model of the job (the hires checkpoint, ``hires.*``; the refiner, ``refiner.*``) told the plan the
+    run plan prints for it (``RunPlan.hires_memory`` / ``refiner_memory``): planned on ``base()`` (the process and
+    the first model's resident parts) with its own calls of ``calls`` (the job's, its parts under ``prefix``), its
+    parts released once used, or streamed, where that plan places them. Nothing when it makes no call."""
+    own = {k.removeprefix(prefix): v for k, v in (calls or {}).items() if k.startswith(prefix)}
+    if not own:
+        return
+    other.memory_plan(base=base(), calls=own)
+    other._memory_calls = None  # applied below on that base (a plan of its own jobs is made again for them)
+    other._apply_memory_plan(own)
 
 
 def _lean_graph(part: Part) -> Any:
@@ -644,15 +660,17 @@ class MemoryMixin:
         # the run's parts besides the model's own: ControlNets and an image encoder (dry twins: graph and weights
         # as the run binds them), the hires fix's model upscaler (its file's tensors, run in float32)
         # and each model-backed preprocessor's detector (its file's tensors in float32: it makes the maps first)
-        parts = {**self._parts, **{n: e for n, (r, e) in extras.items() if r not in ("upscaler", "preprocessor")}}
+        # and each T2I style adapter's arrays (its file's tensors in float32, held by numpy: footprint 1)
+        parts = {**self._parts, **{n: e for n, (r, e) in extras.items() if r not in FILE_ROLES}}
         held = {name: part_memory(p, kept) for name, p in parts.items()}
-        held.update({n: (upscaler_bytes(e), 0, 0) for n, (r, e) in extras.items() if r == "upscaler"})
+        held.update({n: (upscaler_bytes(e), 0, 0) for n, (r, e) in extras.items() if r in ("upscaler", "style_adapter")})
         held.update({n: (e.weight_bytes(), 0, 0) for n, (r, e) in extras.items() if r == "preprocessor"})
         weights = {name: h for name, (h, _, _) in held.items()}
         # a part's stored blocks run from the mapped file (footprint 1); its float weights take FOOTPRINT (the
         # mapped file's pages and the backend's copy), less what their file stores narrower than the graph
         footprints = {name: (FOOTPRINT * (h - s) + s - n) / h for name, (h, s, n) in held.items() if (s or n) and h}
         footprints.update({n: DETECTOR_FOOTPRINT for n, (r, _) in extras.items() if r == "preprocessor"})
+        footprints.update({n: 1.0 for n, (r, _) in extras.items() if r == "style_adapter"})
         if self.memory is not None:
             budget, source = self.memory, "memory="
         else:

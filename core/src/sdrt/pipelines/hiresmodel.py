@@ -234,15 +234,12 @@ def apply_memory_plan(pipe: Pipeline, other: Pipeline, calls: Any) -> None:
     (``RunPlan.hires_memory``): its parts released once used, or streamed, where that plan places them. ``calls``:
     the job's input shapes per part (its parts are the ``hires.*``); planned on the base ``Pipeline._hires_memory``
     gives it (the process, with the first model's resident parts unless both do not fit)."""
+    from .budget import apply_section
     from .plan import HIRES_PREFIX
 
-    own = {k.removeprefix(HIRES_PREFIX): v for k, v in (calls or {}).items() if k.startswith(HIRES_PREFIX)}
     first = getattr(pipe, "_memory_plan", None)
-    if not own or first is None:
-        return
-    other.memory_plan(base=pipe._hires_base(first, tight(pipe, other)), calls=own)
-    other._memory_calls = None  # applied below on that base (a plan of its own jobs is made again for them)
-    other._apply_memory_plan(own)
+    if first is not None:
+        apply_section(other, calls, HIRES_PREFIX, lambda: pipe._hires_base(first, tight(pipe, other)))
 
 
 def _share_embeddings(pipe: Pipeline, other: Pipeline) -> None:

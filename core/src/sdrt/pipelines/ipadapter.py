@@ -64,10 +64,14 @@ class IPAdapter:
     ``w600k_r50.onnx``; or a models folder holding it as sd-webui-controlnet or ComfyUI keep it), run on the
     pipeline's backend (:mod:`sdrt.pipelines.faces`). FaceID Plus also encodes the face aligned to 224x224 with
     ``image_encoder`` (ViT-H/14); ``shortcut`` (None: on for a file named ``...v2...``, as sd-webui-controlnet decides
-    it) adds the face tokens times ``s_scale`` to its output (h94's FaceID Plus v2).
+    it) adds the face tokens times ``s_scale`` to its output (h94's FaceID Plus v2). ``largest_face`` picks the face
+    of a picture with several: None (the default) takes InsightFace's first, the best scored, as h94's model cards
+    and diffusers' FaceID examples take ``faces[0]``; True the one with the largest box, as sd-webui-controlnet's
+    FaceID preprocessors (``pick_largest_face``) and sdrt serve do.
 
     InstantID's adapter (InstantX/InstantID's ``ip-adapter.bin``, the extension's ``ip-adapter_instant_id_sdxl.bin``)
-    reads the largest face's embedding by InsightFace's ``antelopev2`` (``face_models``: that folder,
+    reads the largest face's embedding by InsightFace's ``antelopev2`` (``largest_face`` None or True; False: the best
+    scored) (``face_models``: that folder,
     ``scrfd_10g_bnkps.onnx`` and ``glintr100.onnx``); no image encoder. Its 16 face tokens are also the text of
     InstantID's ControlNet in the same run (:class:`sdrt.pipelines.ControlNet`'s ``face_tokens``)."""
 
@@ -81,6 +85,7 @@ class IPAdapter:
     face_models: Any = None
     shortcut: bool | None = None
     s_scale: float = 1.0
+    largest_face: bool | None = None
 
 
 #: the argument names of one adapter's fields (a single adapter: the CLI's flags; several: ``ip_adapter[j] scale``)
@@ -147,6 +152,10 @@ def _parse_one(value: Any, j: int, n: int) -> IPAdapter:
     if unit.face_models is not None and not isinstance(unit.face_models, (str, os.PathLike)):
         raise InputError(f"the IP-Adapter's face models must be a folder path, got {type(unit.face_models).__name__}",
                          where=f("face_models"), fix=f"pass {_said(f('face_models'))} InsightFace's buffalo_l folder")
+    if unit.largest_face is not None and not isinstance(unit.largest_face, bool):
+        raise InputError(f"the IP-Adapter's largest_face must be True, False or None, got {unit.largest_face!r:.40}",
+                         where=f(""), fix="pass largest_face=True (the largest face), False (the best scored) or "
+                                          "leave it out")
     if unit.shortcut is not None and not isinstance(unit.shortcut, bool):
         raise InputError(f"the IP-Adapter's shortcut must be True, False or None, got {unit.shortcut!r:.40}",
                          where=f(""), fix="pass shortcut=True (FaceID Plus v2), False (v1) or leave it out")
@@ -358,7 +367,7 @@ def encoder_key(enc: ImageEncoder) -> tuple[Any, ...]:
 
 def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
                 ) -> tuple[np.ndarray, np.ndarray | None]:
-    """A FaceID adapter's face embedding ``[512]`` of its picture's first face and, for FaceID Plus, the face aligned
+    """A FaceID adapter's face embedding ``[512]`` of its picture's first face (``unit.largest_face``: the largest) and, for FaceID Plus, the face aligned
     to 224x224 (RGB, InsightFace's ``norm_crop``), which its image encoder reads. InstantID: antelopev2's embedding
     of the largest face, not normed (InstantX's ``face_info['embedding']``)."""
     from .faces import ARCFACE_DST, PACKS, Face, FaceModels, face_of, norm_crop
@@ -392,7 +401,8 @@ def face_inputs(pipe: Any, ad: IPAdapterFile, unit: IPAdapter, j: int, n: int
         emb = np.nan_to_num(emb)
     else:
         try:
-            face, emb = face_of(models, rgb, field_name("image", j, n), pick_largest=instantid, normed=not instantid)
+            largest = instantid if unit.largest_face is None else unit.largest_face
+            face, emb = face_of(models, rgb, field_name("image", j, n), pick_largest=largest, normed=not instantid)
         finally:
             if pipe.is_low_memory:  # used once a job, as the image encoder: not held through the denoising
                 from .lowmem import release

@@ -1068,6 +1068,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 from .hiresmodel import apply_memory_plan
 
                 apply_memory_plan(self, self._hires_job, calls)
+            if self._refiner_job is not None:  # its parts as the plan's refiner section
+                from .refiner import apply_memory_plan as apply_refiner_plan
+
+                apply_refiner_plan(self, self._refiner_job, calls)
             self._release_preprocessors()  # the maps are made: a detector the plan releases goes before the UNet
         with self._stores_after_job():
             return self._generate_planned(s, init, mask, callback, original)
@@ -1401,9 +1405,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         calls = {k.removeprefix(REFINER_PREFIX): v for k, v in calls_of(rp).items() if k.startswith(REFINER_PREFIX)}
         if ref is None or not calls:
             return None
-        held = sum(p.weight_bytes * memory.footprints.get(p.part, memory.footprint)
-                   for p in memory.parts if p.placement == "resident" and not p.device)
-        return ref._make_memory_plan(int(memory.base_bytes + held), calls)
+        return ref._make_memory_plan(self._hires_base(memory, False), calls)  # the run's (refiner.apply_memory_plan)
 
     def _hires_memory(self, rp: Any, memory: Any) -> tuple[Any, bool | None]:
         """The hires checkpoint's parts' placement in its pass, and whether the first model's parts are released

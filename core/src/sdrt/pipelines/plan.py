@@ -11,9 +11,11 @@ as they happen. This is the input for cost and memory planning; ``sdrt generate 
 from __future__ import annotations
 
 import copy
+import os
 import threading
 from collections import Counter
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -208,14 +210,16 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
 #: image_encoder_2, ...), Revision's (revision_encoder, ...) and the T2I style adapter's (style_encoder)
 IMAGE_ENCODERS = ("image_encoder", "revision_encoder", "style_encoder")
 #: the roles of the parts a run uses besides the model's own (``extra_parts``)
-EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler", "preprocessor")
+EXTRA_ROLES = ("controlnet", "image_encoder", "upscaler", "preprocessor", "style_adapter")
 
 
 def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     """``{name: (role, Part twin | upscaler file)}``: the parts this run uses that are not the model's own, for the
     memory plan: its ControlNets and an IP-Adapter's image encoder (the dry run's recording twins) and the hires
     fix's model upscaler (its file: no part runs in the plan) and each model-backed preprocessor's detector
-    (``preprocessor:<kind>``: its files, ``preprocessors.Detector``; it makes the maps before anything else runs)."""
+    (``preprocessor:<kind>``: its files, ``preprocessors.Detector``; it makes the maps before anything else runs) and
+    each T2I style adapter's own weights (``style_adapter:<file name>``: its file; numpy runs it after the style
+    encoder, once a job)."""
     out: dict[str, tuple[str, Any]] = {}
     for name, part in dry._parts.items():
         if name in pipe._parts or not part.record:
@@ -226,12 +230,16 @@ def extra_parts(pipe: Pipeline, dry: Any, s: Any) -> dict[str, tuple[str, Any]]:
     if hr is not None and hr.model is not None and not hr.latent:
         out["upscaler"] = ("upscaler", hr.model)
     from .preprocessors import WITH_MODELS, detector
+    from .styleadapter import adapter_name, is_style
 
     tb = s.toolbox
     for unit in [*tb.controlnets, *tb.adapters] if tb is not None else []:  # T2I-Adapter units' maps too
         if unit.preprocessor in WITH_MODELS and unit.preprocessor_models is not None:
             found = detector(unit.preprocessor, unit.preprocessor_models)
             out.setdefault(f"preprocessor:{found.kind}", ("preprocessor", found))
+    for unit in (s.toolbox.styles if s.toolbox is not None else None) or []:  # its arrays, in numpy (float32)
+        if is_style(unit) and isinstance(unit.net, (str, os.PathLike)):
+            out.setdefault(adapter_name(unit.net), ("style_adapter", Path(unit.net)))
     return out
 
 
@@ -249,6 +257,10 @@ def held_beside(pipe: Pipeline, dry: Any, s: Any, extras: dict[str, tuple[str, A
         out[den] = list(nets)
         for n in nets:
             out[n] = [den, *(m for m in nets if m != n)]
+    encoders = [n for n in extras if n.startswith("style_encoder")]
+    for n, (role, _) in extras.items():
+        if role == "style_adapter":  # it reads the style encoder's output: both held at once
+            out[n] = list(encoders)
     if "upscaler" in extras:
         tb = s.toolbox
         units = (tb.controlnets if tb is not None else None) or getattr(dry, "_silent_units", None) or []

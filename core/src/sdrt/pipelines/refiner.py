@@ -121,6 +121,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
         ref = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the base's low-memory mode
             ref.low_memory = pipe.low_memory
+        ref.memory = pipe.memory  # and its memory budget (the plan's refiner section and the run both read it)
     if ref is pipe:
         raise InputError("the refiner is the base model itself", where="refiner",
                          fix="pass another model as {@refiner}, or leave it out")
@@ -153,6 +154,18 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
         raise InputError(f"the refiner predicts {ref.family.prediction} and this model {pipe.family.prediction}",
                          where="refiner", fix="use a refiner trained with the base model's prediction type")
     return ref
+
+
+def apply_memory_plan(pipe: Pipeline, ref: Pipeline, calls: Any) -> None:
+    """The refiner told the plan of its part of the run, as the run plan's refiner section shows it
+    (``RunPlan.refiner_memory``): its parts released once used, or streamed, where that plan places them, on the
+    same base (the process and the base model's resident parts, which stay loaded beside it)."""
+    from .budget import apply_section
+    from .plan import REFINER_PREFIX
+
+    first = getattr(pipe, "_memory_plan", None)
+    if first is not None:
+        apply_section(ref, calls, REFINER_PREFIX, lambda: pipe._hires_base(first, False))
 
 
 def _a(label: str) -> str:

@@ -43,6 +43,36 @@ def is_style(unit: Any) -> bool:
     return getattr(unit, "preprocessor", None) in MODULES
 
 
+def adapter_name(net: Any) -> str:
+    """The memory plan's name of a style adapter's own weights (``sdrt.pipelines.plan.extra_parts``)."""
+    return f"style_adapter:{Path(net).name}"
+
+
+def opened(pipe: Any, net: Any, where: str) -> StyleAdapterFile:
+    """The style adapter ``net``, opened (its arrays read, float32) or kept from an earlier job (the same file,
+    unchanged) where the memory plan keeps it resident (``keep``)."""
+    from ..stamps import file_stamp
+
+    own = pipe.__dict__.setdefault("_style_adapters", {})
+    key = (str(Path(net).resolve()), repr(file_stamp(Path(net))))
+    ad = own.get(key)
+    if ad is None:
+        ad = StyleAdapterFile(Path(net), where)
+        if not pipe._dry:
+            own[key] = ad
+    return ad
+
+
+def keep(pipe: Any, used: set[tuple[str, str]]) -> None:
+    """After the job's tokens are made: the adapters the memory plan releases (or every one without a plan, or in
+    low-memory mode) go; so do those this job did not use."""
+    own = pipe.__dict__.get("_style_adapters", {})
+    planned = getattr(pipe, "_memory_plan", None) is not None
+    for key, ad in list(own.items()):
+        if key not in used or not planned or pipe._releases_extra(adapter_name(ad.path)):
+            del own[key]
+
+
 def vit_l() -> Any:
     from ..checkpoint.ipadapter import EncoderKind
 
@@ -152,8 +182,10 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str]) -> Prepared:
     width = pipe.denoiser.inputs[pipe.family.text_input].shape[-1]
     tokens = []
     used = set()
+    adapters: set[tuple[str, str]] = set()
     for unit, where in zip(units, names):
-        ad = StyleAdapterFile(Path(unit.net), where)
+        ad = opened(pipe, unit.net, where)
+        adapters.update(k for k, v in pipe.__dict__.get("_style_adapters", {}).items() if v is ad)
         if isinstance(width, int) and ad.context != width:
             raise ModelError(f"{ad.path.name} makes {ad.context}-wide tokens and the UNet's text context is {width} "
                              "wide", where=where, fix="pass the style adapter made for this base (SD 1.x)")
@@ -176,6 +208,8 @@ def prepare(pipe: Any, units: list[ControlNet], names: list[str]) -> Prepared:
         tokens.append(ad(hidden[:1]) if not pipe._dry else np.zeros((1, ad.tokens, ad.context), np.float32))
     for key in [k for k in own if k not in used] if not pipe._dry else []:
         own.pop(key).close()
+    if not pipe._dry:
+        keep(pipe, adapters)
     return Prepared(list(units), tokens)
 
 
@@ -202,5 +236,6 @@ def hook(prep: Prepared, state: ControlState, *, batch: int, text_input: str) ->
 
 
 def close(pipe: Any) -> None:
+    pipe.__dict__.pop("_style_adapters", None)
     for part in pipe.__dict__.pop("_style_encoders", {}).values():
         part.close()

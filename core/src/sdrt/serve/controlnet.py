@@ -479,8 +479,9 @@ def _ip_unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelE
     pack = "antelopev2" if face == "instant_id_face_embedding" else "buffalo_l"
     faces = str(_face_models(registry, f"{where}.module", pack)) if face is not None else None
     return make(str(entry.path), image=image, scale=weight, image_encoder=encoder, start=start, end=end,
-                window="a1111", face_models=faces)  # the extension's step window: start <= i / n <= end, as its
-    # ControlNet units'
+                window="a1111", face_models=faces,  # the extension's step window: start <= i / n <= end, as its
+                largest_face=True if face is not None else None)  # ControlNet units'; and the largest face, as its
+    # FaceID and InstantID preprocessors (InsightFaceModel.pick_largest_face)
 
 
 def _face_models(registry: Registry, field: str, pack: str = "buffalo_l") -> Any:

@@ -684,9 +684,10 @@ class Worker(threading.Thread):
         w = job.work
 
         def run() -> Any:
+            seed, seeds = run_seeds(w.seed, k, w.batch, kwargs)
             return generate_until_stopped(pipe, lambda: job.interrupt.is_set() or job.skip.is_set(), on_step,
                                           w.prompt, w.negative, lambda: job.wants_partial,
-                                          seed=w.seed + k * w.batch, batch_count=1, **kwargs)
+                                          seed=seed, batch_count=1, **{**kwargs, **seeds})
 
         try:
             return run()
@@ -697,6 +698,17 @@ class Worker(threading.Thread):
             result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
             kwargs["clip_skip"] = 1  # and so do the job's next runs
             return run()
+
+
+def run_seeds(seed: int, k: int, batch: int, kwargs: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The seed and variation seed of run ``k`` of a job (its ``n_iter`` batch ``k``), as A1111's
+    ``p.all_seeds`` / ``p.all_subseeds`` give them: image ``j`` of the job has seed ``seed + j`` and subseed
+    ``subseed + j``, except that with a variation seed (``subseed_strength > 0``) every image keeps ``seed``.
+    The pipeline numbers the images of one batch from these (``seed + i``, ``subseed + i``)."""
+    if not kwargs.get("subseed_strength"):
+        return seed + k * batch, {}
+    subseed = kwargs.get("subseed")
+    return seed, {} if subseed is None else {"subseed": subseed + k * batch}
 
 
 def _latent_upscale_note(pipe: Any, kwargs: dict[str, Any], result: Result) -> None:
