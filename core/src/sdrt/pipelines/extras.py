@@ -391,7 +391,8 @@ class ToolboxMixin:
         family = self.family.name  # type: ignore[attr-defined]
         try:
             if opened is None:
-                opened = open_controlnet(path, base=family)
+                den = self.denoiser  # type: ignore[attr-defined]
+                opened = open_controlnet(path, base=family, unet=lambda: (den.graph, den.own_weights()))
             elif opened.base != family:
                 raise InputError(f"{path.name} is {opened.ident.label}, and the model is "
                                  f"{BASE_LABELS.get(family, family)}", where=str(path),

@@ -1,0 +1,80 @@
+"""Stability AI's Control-LoRA on an SDXL pipeline: the ControlNet is built from the model's own UNet plus the
+file's up @ down differences and full tensors, and bound onto the SDXL ControlNet graph.
+
+The file (``tiny-sdxl-controlnet/controllora/``, made by scripts/gen_controllora_refs.py) is in the real files' key
+naming for tiny-sdxl-controlnet's UNet; the reference image is diffusers' StableDiffusionXLControlNetPipeline with
+the ControlNet merged in torch by the published rule. The shipped SDXL ControlNet graph is full size, so sdrt's
+graph lookup is pointed at the folder's ControlNet graph stripped of its weights (as sdrt ships graphs): every
+weight comes from the Control-LoRA and the UNet.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import single_file_helpers as h
+
+from sdrt import pipelines
+from sdrt.checkpoint.controlnet import identify, open_controlnet
+from sdrt.errors import SdrtError
+from sdrt.pipelines import ControlNet
+from sdrt.weights.stfile import read_header
+
+FOLDER = Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sdxl-controlnet"
+DATA = FOLDER / "controllora"
+CASE = json.loads((DATA / "refs.json").read_text())
+FILE = DATA / CASE["file"]
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory):
+    return h.stripped(FOLDER, ["controlnet"], tmp_path_factory.mktemp("cl"))["controlnet"]
+
+
+@pytest.fixture()
+def shipped(graph, monkeypatch):
+    from sdrt.checkpoint import controlnet
+
+    monkeypatch.setattr(controlnet, "shipped_graph", lambda name: graph if name == "sdxl_controlnet" else None)
+
+
+def _run(backend: str, unit) -> np.ndarray:
+    with pipelines.load(FOLDER, backend=backend) as pipe:
+        return pipe.generate(CASE["prompt"], CASE["negative_prompt"], steps=CASE["steps"], cfg=CASE["cfg"],
+                             sampler=CASE["sampler"], seed=CASE["seed"], width=CASE["width"], height=CASE["height"],
+                             controlnets=[unit]).images[0]
+
+
+def test_identify_an_sdxl_control_lora():
+    entries, _ = read_header(FILE)
+    ident = identify({k: tuple(e.shape) for k, e in entries.items()})
+    assert (ident.base, ident.layout) == ("sdxl", "controllora") and "Control-LoRA" in ident.label
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_control_lora_matches_diffusers(shipped, backend):
+    if backend != "reference":
+        pytest.importorskip(f"sdrt_{backend}")
+    refs = np.load(DATA / "refs.npz")
+    img = np.asarray(_run(backend, ControlNet(FILE, refs["edges"], CASE["scale"][0])))
+    diff = np.abs(img.astype(int) - refs["image"].astype(int))
+    assert diff.max() <= 1, (backend, diff.max(), diff.mean())
+
+
+def test_control_lora_without_the_model_is_one_clear_error(shipped):
+    with pytest.raises(SdrtError, match="built from the SDXL model's own UNet"):
+        open_controlnet(FILE, base="sdxl")
+
+
+def test_an_sd1_control_lora_is_refused_in_one_line(tmp_path):
+    from safetensors.numpy import save_file
+
+    f = tmp_path / "control-lora-sd15.safetensors"
+    save_file({"lora_controlnet": np.zeros(0, np.float32), "input_blocks.1.0.in_layers.2.up": np.zeros((4, 2, 1, 1),
+               np.float32), "input_blocks.1.0.in_layers.2.down": np.zeros((2, 4, 3, 3), np.float32)}, str(f))
+    with pytest.raises(SdrtError) as err:
+        open_controlnet(f, base="sdxl")
+    assert "SD 1.x Control-LoRA" in str(err.value) and "\n" not in err.value.what
