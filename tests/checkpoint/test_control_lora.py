@@ -78,3 +78,40 @@ def test_an_sd1_control_lora_is_refused_in_one_line(tmp_path):
     with pytest.raises(SdrtError) as err:
         open_controlnet(f, base="sdxl")
     assert "SD 1.x Control-LoRA" in str(err.value) and "\n" not in err.value.what
+
+
+def test_cli_controlnet_flag_runs_a_control_lora(shipped, tmp_path, capsys):
+    from PIL import Image
+
+    from sdrt.cli import main
+
+    refs = np.load(DATA / "refs.npz")
+    png, out = tmp_path / "edges.png", tmp_path / "out.png"
+    Image.fromarray(refs["edges"]).save(png)
+    rc = main(["generate", str(FOLDER), CASE["prompt"], "--negative", CASE["negative_prompt"], "--steps",
+               str(CASE["steps"]), "--cfg", str(CASE["cfg"]), "--seed", str(CASE["seed"]), "--sampler", CASE["sampler"],
+               "--width", "64", "--height", "64", "--backend", "reference", "-o", str(out),
+               "--controlnet", str(FILE), "--control-image", str(png), "--control-scale", str(CASE["scale"][0])])
+    assert rc == 0, capsys.readouterr().err
+    with Image.open(out) as img:
+        diff = np.abs(np.asarray(img.convert("RGB")).astype(int) - refs["image"].astype(int))
+    assert diff.max() <= 1, diff.max()
+
+
+def test_a_grey_hint_convolution_takes_rgb_as_its_grey(tmp_path):
+    """A one-channel ``input_hint_block.0`` (a grey control map) spread over RGB gives the same output for R = G = B."""
+    from sdrt.checkpoint.controllora import BASE, widen_hint
+    from sdrt.checkpoint.ldm import Source
+    from sdrt.weights import Weights
+
+    rng = np.random.default_rng(0)
+    k = rng.standard_normal((16, 1, 3, 3)).astype(np.float32)
+    w = Weights.from_arrays({"input_hint_block.0.weight": k})
+    srcs = {"controlnet_cond_embedding.conv_in.weight": Source("input_hint_block.0.weight")}
+    wide = widen_hint(w, srcs)
+    k3 = wide[srcs["controlnet_cond_embedding.conv_in.weight"].key]
+    assert srcs["controlnet_cond_embedding.conv_in.weight"].key.startswith(BASE) and k3.shape == (16, 3, 3, 3)
+    patch = rng.random((3, 3)).astype(np.float32)
+    grey = np.einsum("oij,ij->o", k[:, 0], patch)
+    rgb = np.einsum("ocij,cij->o", k3, np.stack([patch] * 3))
+    np.testing.assert_allclose(rgb, grey, rtol=1e-5, atol=1e-5)

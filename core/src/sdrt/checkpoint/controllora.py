@@ -104,7 +104,7 @@ def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader,
                                  f"{up}/{down}", where=where, fix="run the Control-LoRA with an SDXL model")
             u = np.asarray(w[up], np.float32).reshape(shape[0], -1)
             d = np.asarray(w[down], np.float32).reshape(u.shape[1], -1)
-            return (base.astype(np.float32) + (u @ d).reshape(shape)).astype(base.dtype)
+            return base.astype(np.float32) + (u @ d).reshape(shape)
 
         refs[key] = TensorRef(key, np.dtype(np.float32), shape, where, merged)
         out[name] = Source(key)
@@ -119,7 +119,7 @@ def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader,
                 raise ModelError(f"{where}: the SDXL UNet has no tensor {name} {list(shape)}, which the "
                                  "Control-LoRA keeps from it", where=where, fix="run the Control-LoRA with an SDXL "
                                                                                 "model")
-            return base
+            return np.asarray(base, np.float32)
 
         refs[key] = TensorRef(key, np.dtype(np.float32), tuple(shape), where, same)
         out[name] = Source(key)
