@@ -115,3 +115,22 @@ def test_a_grey_hint_convolution_takes_rgb_as_its_grey(tmp_path):
     grey = np.einsum("oij,ij->o", k[:, 0], patch)
     rgb = np.einsum("ocij,cij->o", k3, np.stack([patch] * 3))
     np.testing.assert_allclose(rgb, grey, rtol=1e-5, atol=1e-5)
+
+
+def test_an_sdxl_control_lora_on_an_sd1_model_is_one_clear_error():
+    sd15 = FOLDER.parent / "tiny-sd15-controlnet"
+    refs = np.load(DATA / "refs.npz")
+    with pipelines.load(sd15, backend="reference") as pipe:
+        with pytest.raises(SdrtError) as err:
+            pipe.generate("a cat", steps=1, width=64, height=64, controlnets=[ControlNet(FILE, refs["edges"])])
+    msg = str(err.value)
+    assert "SDXL Control-LoRA" in msg and "the model is SD 1.x" in msg and "\n" not in msg, msg
+
+
+def test_a_control_lora_given_as_the_model_says_where_it_goes(capsys):
+    from sdrt.cli import main
+
+    assert main(["generate", str(FILE), "a cat", "--backend", "reference"]) != 0
+    err = capsys.readouterr().err
+    assert "SDXL Control-LoRA" in err and "--controlnet FILE" in err and "not a model" in err, err
+    assert err.count("error:") == 1 and "Traceback" not in err
