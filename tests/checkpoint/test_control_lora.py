@@ -134,3 +134,38 @@ def test_a_control_lora_given_as_the_model_says_where_it_goes(capsys):
     err = capsys.readouterr().err
     assert "SDXL Control-LoRA" in err and "--controlnet FILE" in err and "not a model" in err, err
     assert err.count("error:") == 1 and "Traceback" not in err
+
+
+def test_the_controlnet_is_rebuilt_from_a_checkpoint_bound_with_load_weights(shipped, graph, tmp_path):
+    """After ``load_weights`` (the folder's UNet written as an LDM checkpoint, one convolution changed), the
+    Control-LoRA's UNet copy is the checkpoint's UNet plus up @ down (numpy here), not the folder's."""
+    from sdrt.checkpoint.onnxmap import param_map
+    from sdrt.graph import Graph
+    from sdrt.weights import Weights
+
+    mod = "input_blocks.1.0.in_layers.2"
+    tensors = {**h.unet_tensors(Graph.load(FOLDER / "unet" / "model.onnx")),
+               **h.clip_tensors(Graph.load(FOLDER / "text_encoder" / "model.onnx"), "conditioner.embedders.0.transformer."),
+               **h.openclip_tensors(Graph.load(FOLDER / "text_encoder_2" / "model.onnx"),
+                                    "conditioner.embedders.1.model.")}
+    tensors[f"model.diffusion_model.{mod}.weight"] = tensors[f"model.diffusion_model.{mod}.weight"] + 0.25
+    ckpt = h.write(tmp_path / "changed.safetensors", tensors)
+    lora, ck = Weights.open(FILE), Weights.open(ckpt)
+    up, down = lora[f"{mod}.up"], lora[f"{mod}.down"]
+    delta = (up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)).reshape(down.shape[:0] + (up.shape[0],)
+                                                                                     + down.shape[1:])
+    init = param_map(Graph.load(graph, load_external=False))["down_blocks.0.resnets.0.conv1.weight"].init
+    edges = np.load(DATA / "refs.npz")["edges"]
+    kw = dict(steps=1, width=64, height=64, controlnets=[ControlNet(FILE, edges)])
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        pipe.generate("a cat", **kw)
+        (first,) = pipe.control_parts.values()
+        folder_w = np.asarray(first.weights[init])
+        pipe.load_weights(ckpt)
+        pipe.generate("a cat", **kw)
+        (part,) = pipe.control_parts.values()
+        assert part is not first
+        got = np.asarray(part.weights[init])
+    want = np.asarray(ck[f"model.diffusion_model.{mod}.weight"], np.float32) + delta
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert np.abs(folder_w - want).max() > 1e-3
