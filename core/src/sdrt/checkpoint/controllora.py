@@ -75,18 +75,19 @@ def base_reader(graph: object, weights: Weights) -> tuple[BaseReader, dict[str, 
     return read, {k: v.shape for k, v in slots.items()}
 
 
-def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader, where: str
+def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader, where: str,
+            convert: Callable[[list[str]], tuple[dict[str, Source], list[str]]]
             ) -> tuple[Weights, dict[str, Source], list[str]]:
     """``(weights, {ControlNetModel name: Source}, unused keys)``: the file's full tensors as they are, each
     pair's weight merged onto the base's (read on use), and each parameter of the ControlNet graph
-    (``needed``: name -> its shape there) the file does not name taken from the base UNet."""
-    from .controlnet import ControlNetIdentity, convert
+    (``needed``: name -> its shape there) the file does not name taken from the base UNet. ``convert``: LDM
+    ControlNet names -> ``({diffusers name: Source}, unused)`` (``controlnet.convert``)."""
 
     shapes = w.shapes()
     lora = pairs(shapes)
     used = {k for pair in lora.values() for k in pair}
     full = [k for k in shapes if k != MARKER and k not in used and not _LORA.match(k)]
-    srcs, unused = convert(full + list(lora), ControlNetIdentity("sdxl", "ldm", "", "a Control-LoRA"))
+    srcs, unused = convert(full + list(lora))
     refs: dict[str, TensorRef] = {k: w.ref(k) for k in full}
     out: dict[str, Source] = {}
     for name, src in srcs.items():

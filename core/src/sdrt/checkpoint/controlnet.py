@@ -249,7 +249,8 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         read, _ = controllora.base_reader(*unet())
         needed = {k: v.shape[::-1] if v.layout == "T" else v.shape
                   for k, v in param_map(Graph.load(gpath, load_external=False)).items() if v.alias_of is None}
-        w, srcs, unused = controllora.sources(w, needed, read, p.name)
+        as_ldm = dataclasses.replace(ident, layout="ldm", prefix="")
+        w, srcs, unused = controllora.sources(w, needed, read, p.name, lambda keys: convert(keys, as_ldm))
         if ident.hint_channels == 1:
             w = controllora.widen_hint(w, srcs)
             ident = dataclasses.replace(ident, hint_channels=3)
