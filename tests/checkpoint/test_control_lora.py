@@ -136,6 +136,35 @@ def test_a_control_lora_given_as_the_model_says_where_it_goes(capsys):
     assert err.count("error:") == 1 and "Traceback" not in err
 
 
+def _xl_tensors() -> dict:
+    """tiny-sdxl-controlnet's own weights as one LDM single file (UNet, both text encoders, VAE)."""
+    from sdrt.graph import Graph
+
+    def g(part: str) -> Graph:
+        return Graph.load(FOLDER / part / "model.onnx")
+
+    return {**h.unet_tensors(g("unet")), **h.clip_tensors(g("text_encoder"), "conditioner.embedders.0.transformer."),
+            **h.openclip_tensors(g("text_encoder_2"), "conditioner.embedders.1.model."),
+            **h.vae_tensors(g("vae_decoder"), g("vae_encoder"), "first_stage_model.")}
+
+
+def test_control_lora_on_a_single_file_checkpoint_matches_diffusers(shipped, tmp_path):
+    """The base UNet a single-file checkpoint's (its tensors bound onto a weight-free UNet graph, as sdrt's shipped
+    ones): the folder's weights as one file give diffusers' image."""
+    ckpt = h.write(tmp_path / "tiny-sdxl.safetensors", _xl_tensors())
+    graphs = h.stripped(FOLDER, ["unet", "text_encoder", "text_encoder_2", "vae_decoder", "vae_encoder"],
+                        tmp_path / "g")
+    refs = np.load(DATA / "refs.npz")
+    with pipelines.load(ckpt, backend="reference", graph_paths=graphs,
+                        tokenizers={"tokenizer": FOLDER / "tokenizer", "tokenizer_2": FOLDER / "tokenizer_2"}) as pipe:
+        assert pipe.denoiser.default_weights is not None  # the checkpoint's, bound onto the weight-free graph
+        img = pipe.generate(CASE["prompt"], CASE["negative_prompt"], steps=CASE["steps"], cfg=CASE["cfg"],
+                            sampler=CASE["sampler"], seed=CASE["seed"], width=64, height=64,
+                            controlnets=[ControlNet(FILE, refs["edges"], CASE["scale"][0])]).images[0]
+    diff = np.abs(np.asarray(img).astype(int) - refs["image"].astype(int))
+    assert diff.max() <= 1, (diff.max(), diff.mean())
+
+
 def test_the_controlnet_is_rebuilt_from_a_checkpoint_bound_with_load_weights(shipped, graph, tmp_path):
     """After ``load_weights`` (the folder's UNet written as an LDM checkpoint, one convolution changed), the
     Control-LoRA's UNet copy is the checkpoint's UNet plus up @ down (numpy here), not the folder's."""
@@ -144,10 +173,7 @@ def test_the_controlnet_is_rebuilt_from_a_checkpoint_bound_with_load_weights(shi
     from sdrt.weights import Weights
 
     mod = "input_blocks.1.0.in_layers.2"
-    tensors = {**h.unet_tensors(Graph.load(FOLDER / "unet" / "model.onnx")),
-               **h.clip_tensors(Graph.load(FOLDER / "text_encoder" / "model.onnx"), "conditioner.embedders.0.transformer."),
-               **h.openclip_tensors(Graph.load(FOLDER / "text_encoder_2" / "model.onnx"),
-                                    "conditioner.embedders.1.model.")}
+    tensors = _xl_tensors()
     tensors[f"model.diffusion_model.{mod}.weight"] = tensors[f"model.diffusion_model.{mod}.weight"] + 0.25
     ckpt = h.write(tmp_path / "changed.safetensors", tensors)
     lora, ck = Weights.open(FILE), Weights.open(ckpt)
