@@ -12,7 +12,8 @@ The ControlNet diffusers runs is the published rule, done here in torch: the UNe
 ``StableDiffusionXLControlNetPipeline`` (Euler, seed 101, scale 0.9) and the control image.
 
 It also lists the key names and shapes a full-size rank-128 file has against SDXL's UNet config (meta tensors,
-nothing downloaded) and prints the counts.
+nothing downloaded), prints the counts and writes them to ``full_size_rank128_keys.json`` (the tests bind a sparse
+file of those shapes onto the shipped graphs).
 """
 
 from __future__ import annotations
@@ -133,6 +134,15 @@ def full_size_check() -> None:
     full = [k for k in sd if k not in pairs]
     unet_sd = unet.state_dict()
     assert all(k in unet_sd and unet_sd[k].shape == sd[k].shape for k in pairs)
+    keys: dict[str, list[int]] = {"lora_controlnet": [0]}
+    for k, v in sd.items():
+        if k in pairs:
+            mod, rest = names[k][:-len(".weight")], list(v.shape[1:])
+            keys[mod + ".up"] = [int(v.shape[0]), 128] + [1, 1] * (len(rest) == 3)
+            keys[mod + ".down"] = [128] + [int(d) for d in rest]
+        else:
+            keys[names[k]] = [int(d) for d in v.shape]
+    (OUT / "full_size_rank128_keys.json").write_text(json.dumps(keys, separators=(",", ":")))
     print(f"full size: {len(sd)} ControlNet parameters; {len(pairs)} up/down pairs (rank 128: "
           f"{sum(128 * (v.shape[0] + int(np.prod(v.shape[1:]))) for k, v in sd.items() if k in pairs) / 1e6:.1f} M "
           f"values), {len(full)} in full ({sum(1 for k in full if k.startswith('controlnet_'))} ControlNet-only); "

@@ -195,3 +195,29 @@ def test_the_controlnet_is_rebuilt_from_a_checkpoint_bound_with_load_weights(shi
     want = np.asarray(ck[f"model.diffusion_model.{mod}.weight"], np.float32) + delta
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert np.abs(folder_w - want).max() > 1e-3
+
+
+def test_a_full_size_rank128_file_binds_onto_the_shipped_sdxl_graphs(tmp_path):
+    """A full-size control-lora-canny-rank128 file (the key names and shapes scripts/gen_controllora_refs.py lists
+    from SDXL's UNet config; written sparse, a header and an unwritten data section) on the shipped SDXL UNet graph
+    binds onto the shipped SDXL ControlNet graph: every initializer, merged weights of the graph's shapes."""
+    from test_controlnet_files import _sparse_safetensors
+
+    from sdrt.checkpoint import shipped_graph
+    from sdrt.graph import Graph
+    from sdrt.weights import TensorRef, Weights
+
+    keys = {k: tuple(v) for k, v in json.loads((DATA / "full_size_rank128_keys.json").read_text()).items()}
+    f = tmp_path / "control-lora-canny-rank128.safetensors"
+    _sparse_safetensors(f, keys)
+    assert identify(keys).base == "sdxl"
+    unet = Graph.load(shipped_graph("sdxl_unet"), load_external=False)
+    info = unet.initializer_info()
+    zeros = Weights({n: TensorRef(n, np.dtype(np.float16), tuple(i.shape), "unet",
+                                  (lambda s=tuple(i.shape): np.zeros(s, np.float16))) for n, i in info.items()})
+    opened = open_controlnet(f, base="sdxl", unet=lambda: (unet, zeros))
+    cn = Graph.load(opened.graph, load_external=False)
+    assert set(cn.initializer_names) <= set(opened.weights)
+    name = next(n for n in opened.weights if "ff.net.0.proj.weight" in n or n.startswith("onnx::MatMul"))
+    ref = opened.weights.ref(name)
+    assert np.asarray(opened.weights[name]).shape == tuple(ref.shape)
