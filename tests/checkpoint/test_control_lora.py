@@ -221,3 +221,20 @@ def test_a_full_size_rank128_file_binds_onto_the_shipped_sdxl_graphs(tmp_path):
     name = next(n for n in opened.weights if "ff.net.0.proj.weight" in n or n.startswith("onnx::MatMul"))
     ref = opened.weights.ref(name)
     assert np.asarray(opened.weights[name]).shape == tuple(ref.shape)
+
+
+def test_a_weight_held_in_full_beside_its_pair_is_the_base_of_the_pair():
+    """As ComfyUI: the file's tensors are set over the UNet's, and the layer adds up @ down to its weight."""
+    from sdrt.checkpoint.controllora import sources
+    from sdrt.checkpoint.ldm import Source
+    from sdrt.weights import Weights
+
+    rng = np.random.default_rng(1)
+    full, up, down = (rng.standard_normal(s).astype(np.float32) for s in ((6, 5), (6, 2), (2, 5)))
+    w = Weights.from_arrays({"lora_controlnet": np.zeros(0, np.float32), "m.weight": full, "m.up": up, "m.down": down,
+                             "n.up": up, "n.down": down})
+    unet = rng.standard_normal((6, 5)).astype(np.float32)
+    bound, srcs, _ = sources(w, {}, lambda name, shape: unet, "f",
+                             lambda keys: ({f"x.{k}": Source(k) for k in keys}, []))
+    np.testing.assert_allclose(bound[srcs["x.m.weight"].key], full + up @ down, rtol=1e-6)
+    np.testing.assert_allclose(bound[srcs["x.n.weight"].key], unet + up @ down, rtol=1e-6)

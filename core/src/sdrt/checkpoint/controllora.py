@@ -6,9 +6,11 @@ The file (LDM names, no prefix) holds a ``lora_controlnet`` marker, the ControlN
 and for each Linear/Conv weight of the copy a pair ``<module>.up`` [out, r(, 1, 1)] and ``<module>.down``
 [r, in(, k, k)]. The ControlNet's weight is the base UNet's own weight plus ``up.flatten(1) @ down.flatten(1)``
 reshaped to it (as ComfyUI's ``ControlLora`` and the A1111 extension's ``controlnet_lora`` build it); a parameter
-the file has in full replaces the base's, and one the file does not name is the base's as it is.
+the file has in full replaces the base's (a weight held in full beside its pair takes the pair on top, as ComfyUI
+sets the file's tensors over the UNet's and adds the product in the layer), and one the file does not name is the
+base's as it is.
 
-``sources(shapes, base)`` gives the ControlNet's parameters in diffusers' ``ControlNetModel`` names as lazy
+``sources(w, needed, read, where, convert)`` gives the ControlNet's parameters in diffusers' ``ControlNetModel`` names as lazy
 tensors: each merged weight is computed when the backend reads it, from the mmapped file and one base tensor,
 so no whole second copy of the UNet encoder is built here.
 """
@@ -86,7 +88,7 @@ def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader,
     shapes = w.shapes()
     lora = pairs(shapes)
     used = {k for pair in lora.values() for k in pair}
-    full = [k for k in shapes if k != MARKER and k not in used and not _LORA.match(k)]
+    full = [k for k in shapes if k != MARKER and k not in used and not _LORA.match(k) and k not in lora]
     srcs, unused = convert(full + list(lora))
     refs: dict[str, TensorRef] = {k: w.ref(k) for k in full}
     out: dict[str, Source] = {}
@@ -98,8 +100,11 @@ def sources(w: Weights, needed: Mapping[str, tuple[int, ...]], read: BaseReader,
         shape = torch_shape(shapes[up], shapes[down])
         key = BASE + name
 
-        def merged(name: str = name, up: str = up, down: str = down, shape: tuple[int, ...] = shape) -> np.ndarray:
-            base = read(name, shape)
+        own = src.key if src.key in shapes else None  # a weight the file also holds in full replaces the UNet's
+
+        def merged(name: str = name, up: str = up, down: str = down, shape: tuple[int, ...] = shape,
+                   own: str | None = own) -> np.ndarray:
+            base = np.asarray(w[own]).reshape(shape) if own is not None else read(name, shape)
             if base is None:
                 raise ModelError(f"{where}: the SDXL UNet has no weight {name} {list(shape)} for the Control-LoRA's "
                                  f"{up}/{down}", where=where, fix="run the Control-LoRA with an SDXL model")
