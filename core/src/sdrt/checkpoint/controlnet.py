@@ -24,9 +24,10 @@ import dataclasses
 import logging
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from ..errors import ModelError, SdrtError, WeightsError
 from ..weights import Weights, folder_files
@@ -116,9 +117,15 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
         if isinstance(lay, str):
             return ControlNetIdentity(None, None, "", lay)
         return ControlNetIdentity("flux", "xlabs" if lay.bfl else "diffusers", "", lay.label)
-    if any(k.startswith("lora_controlnet") or k == "lora_controlnet" for k in keys):
-        return ControlNetIdentity(None, None, "", "a Control-LoRA (Stability AI's control-lora), which sdrt does "
-                                                  "not run")
+    from . import controllora
+
+    if controllora.is_control_lora(shapes):
+        hint0 = shapes.get("input_hint_block.0.weight")
+        ch = int(hint0[1]) if hint0 is not None and len(hint0) == 4 else 3
+        if not controllora.is_sdxl(shapes):
+            return ControlNetIdentity(None, "controllora", "", "an SD 1.x Control-LoRA, which sdrt does not run "
+                                      "(it runs Stability AI's SDXL Control-LoRA files)", ch)
+        return ControlNetIdentity("sdxl", "controllora", "", "an SDXL Control-LoRA (Stability AI's control-lora)", ch)
     if has("controlnet_cond_embedding.") and has("controlnet_down_blocks."):
         layout, prefix = "diffusers", ""
         hint = shapes.get("controlnet_cond_embedding.conv_in.weight")
@@ -181,12 +188,16 @@ def convert(keys: list[str], ident: ControlNetIdentity) -> tuple[dict[str, Sourc
     return out, unknown + other
 
 
-def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike | None = None) -> OpenedControlNet:
+def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike | None = None,
+                    unet: Callable[[], tuple[Any, Weights]] | None = None) -> OpenedControlNet:
     """Open a ControlNet ``.safetensors`` (LDM or diffusers layout) onto sdrt's shipped ControlNet graph of
     its base (or onto ``graph``, an export of your own with the same parameter names).
 
     ``base``: the family of the model it will run with (``"sd1"``, ``"sdxl"``): a ControlNet made for
     another base is refused. Raises one ``SdrtError`` naming the file for anything that cannot run.
+
+    ``unet``: returns ``(graph, weights)`` of the SDXL UNet the model runs, which a Control-LoRA's ControlNet is built
+    from (its UNet copy is that UNet's encoder plus the file's low-rank differences).
     """
     from ..graph import Graph
     from .single_file import Checkpoint
@@ -226,7 +237,25 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
                          where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")
     gpath = Path(graph) if graph is not None else shipped_graph(CONTROLNET_GRAPHS[ident.base])
-    srcs, unused = convert(list(shapes), ident)
+    if ident.layout == "controllora":
+        if unet is None:
+            raise ModelError(f"{p.name} is {ident.label}: its ControlNet is built from the SDXL model's own UNet, "
+                             "which was not given", where=str(p),
+                             fix="pass it as a ControlNet unit of an SDXL pipeline (ControlNet(file, image) / "
+                                 "--controlnet FILE)")
+        from . import controllora
+        from .onnxmap import param_map
+
+        read, _ = controllora.base_reader(*unet())
+        needed = {k: v.shape[::-1] if v.layout == "T" else v.shape
+                  for k, v in param_map(Graph.load(gpath, load_external=False)).items() if v.alias_of is None}
+        as_ldm = dataclasses.replace(ident, layout="ldm", prefix="")
+        w, srcs, unused = controllora.sources(w, needed, read, p.name, lambda keys: convert(keys, as_ldm))
+        if ident.hint_channels == 1:
+            w = controllora.widen_hint(w, srcs)
+            ident = dataclasses.replace(ident, hint_channels=3)
+    else:
+        srcs, unused = convert(list(shapes), ident)
     if unused:
         log.info("%s: %d keys not used (%s)", p.name, len(unused), ", ".join(unused[:4]))
     ck = Checkpoint(w, {"controlnet": srcs}, ident.label, p)

@@ -183,6 +183,12 @@ def _other(k: _Keys, arch: str | None = None) -> str | None:
     if k.has("noise_augmentor.betas") or k.pre("noise_augmentor."):
         return "SD 2.1 unCLIP (image variations: an SD 2.x UNet conditioned on CLIP image embeddings)"
     # adapters
+    if k.has("lora_controlnet"):  # Stability AI's control-lora: runs as a ControlNet unit (checkpoint.controllora)
+        if k.pre("label_emb."):
+            return ("an SDXL Control-LoRA, Stability AI's control-lora: a ControlNet stored as a difference from the "
+                    "SDXL UNet (not an image generator: pass it as a ControlNet unit's net, ControlNet(file, image) "
+                    "or --controlnet FILE, beside an SDXL model)")
+        return "an SD 1.x Control-LoRA (sdrt runs Stability AI's SDXL Control-LoRA files only)"
     if k.pre("image_proj.") and k.pre("ip_adapter."):  # SD 1.x / SDXL's: run with ip_adapter= / --ip-adapter
         return ("an IP-Adapter (an image-prompt adapter: pass it with ip_adapter=IPAdapter(file, image=...) or "
                 "--ip-adapter FILE, beside a model, not as one)")

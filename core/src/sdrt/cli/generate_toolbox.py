@@ -32,7 +32,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--controlnet", action="append", default=[], metavar="DIR|FILE",
                    help="a ControlNet folder (model.onnx, or diffusers' diffusion_pytorch_model.safetensors), or a "
                         "ControlNet .safetensors as downloaded (control_v11p_sd15_canny.safetensors, SDXL ControlNets "
-                        "in diffusers' layout, Flux.1 dev ControlNets in diffusers' layout such as "
+                        "in diffusers' layout, Stability AI's SDXL Control-LoRAs, Flux.1 dev ControlNets in diffusers' layout such as "
                         "InstantX/FLUX.1-dev-Controlnet-Canny); default: the model folder's controlnet/, controlnet_2/, ...")
     g.add_argument("--control-image", action="append", default=[], metavar="PNG",
                    help="the control image (of a ControlNet; of a FLUX.1 Canny/Depth model itself, with no --controlnet)")

@@ -395,13 +395,14 @@ class ToolboxMixin:
         parts = self._parts if self._dry else self.control_parts
         part = parts.get(name)
         version = file_stamp(source)  # a file written anew since the part was made: a new part of the new weights
+        base_id = self._control_lora_base_id()
         if part is not None and part.source_file == source and part.source_stamp == version and (
-                opened is None or part.path == opened.graph):
+                opened is None or part.path == opened.graph) and getattr(part, "control_lora_base", base_id) == base_id:
             return part
         family = self.family.name  # type: ignore[attr-defined]
         try:
             if opened is None:
-                opened = open_controlnet(path, base=family)
+                opened = open_controlnet(path, base=family, unet=self._control_lora_base)
             elif opened.base != family:
                 raise InputError(f"{path.name} is {opened.ident.label}, and the model is "
                                  f"{BASE_LABELS.get(family, family)}", where=str(path),
@@ -417,8 +418,25 @@ class ToolboxMixin:
         part.source_stamp = version
         part.flux_layout = opened.flux  # a Flux net's block counts and modes
         part.sd3_layout = opened.sd3  # an SD3 net's block count and width
+        if opened.ident.layout == "controllora":  # built from the UNet: made again when a checkpoint replaces it
+            part.control_lora_base = base_id
         parts[name] = part
         return part
+
+    def _control_lora_base(self) -> tuple[Any, Any]:
+        """``(graph, weights)`` of the UNet a Control-LoRA's ControlNet is built from: the model's, or the checkpoint
+        ``load_weights`` bound onto it, without LoRAs (sdrt.checkpoint.controllora)."""
+        den = self.denoiser  # type: ignore[attr-defined]
+        state = self.__dict__.get("_weight_state")
+        if state is not None and state.base.get(den.name):
+            return den.graph, state._weights(den.name, state.base[den.name])
+        return den.graph, den.own_weights()
+
+    def _control_lora_base_id(self) -> int:
+        """Which checkpoint the UNet has now (0: the model's own), for a Control-LoRA's kept part."""
+        state = self.__dict__.get("_weight_state")
+        ckpt = getattr(state, "checkpoint", None)
+        return 0 if ckpt is None else id(ckpt)
 
     @property
     def control_parts(self) -> dict[str, Part]:
