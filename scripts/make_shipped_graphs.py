@@ -719,6 +719,44 @@ def _unet_controlnet_spec(name, cfg, reduce, source):
                 unet_controlnet_dynamic, reduce, source)
 
 
+# xinsir/controlnet-union-sdxl-1.0 config.json (diffusers' ControlNetUnionModel): SDXL's ControlNet encoder plus a
+# task embedding per control type and a small transformer over the condition features. The promax file holds 8 control
+# types (tile and inpaint added), the first release 6: exported at 8; sdrt.checkpoint.graphs derives the 6-type graph
+SDXL_UNION_CONTROLNET = {**SDXL_CONTROLNET, "num_control_type": 8, "num_trans_channel": 320, "num_trans_head": 8,
+                         "num_trans_layer": 1, "num_proj_channel": 320}
+
+
+def build_union_controlnet(cfg: dict) -> torch.nn.Module:
+    """diffusers' ``ControlNetUnionModel`` for one condition image of one control type (the common unit): inputs as the
+    SDXL ControlNet graph's, plus ``control_type`` ``[batch, num_control_type]`` (1 at the types in use, as the union
+    pipeline makes it) and ``control_type_idx`` ``[1]`` int64 (the type of the image); the residuals come out times
+    ``conditioning_scale`` (diffusers' one-image path)."""
+    from diffusers import ControlNetUnionModel
+
+    def forward(self, sample, timestep, encoder_hidden_states, controlnet_cond, conditioning_scale, text_embeds,
+                time_ids, control_type, control_type_idx):
+        down, mid = _base(self).forward(self, sample, timestep, encoder_hidden_states, [controlnet_cond],
+                                        control_type, control_type_idx, [conditioning_scale],
+                                        added_cond_kwargs={"text_embeds": text_embeds, "time_ids": time_ids},
+                                        guess_mode=False, return_dict=False)
+        return (*down, mid)
+
+    return _with_forward(ControlNetUnionModel(**cfg).eval(), forward)
+
+
+def union_controlnet_inputs(cfg: dict, s: int) -> dict:
+    x = controlnet_inputs(cfg, s)
+    n = x["sample"].shape[0]
+    k = cfg["num_control_type"]
+    x["control_type"] = torch.zeros(n, k).index_fill_(1, torch.tensor([s % k]), 1.0)
+    x["control_type_idx"] = torch.tensor([s % k], dtype=torch.int64)
+    return x
+
+
+def union_controlnet_dynamic(cfg: dict) -> dict:
+    return {**controlnet_dynamic(cfg), "control_type": {0: B}, "control_type_idx": None}
+
+
 CONTROLNET_SPECS: dict[str, Spec] = {s.name: s for s in [
     _controlnet_spec("sd1_controlnet", SD1_CONTROLNET, UNET_REDUCE_SD,
                      "lllyasviel/control_v11p_sd15_canny config.json"),
@@ -728,6 +766,9 @@ CONTROLNET_SPECS: dict[str, Spec] = {s.name: s for s in [
                           "runwayml/stable-diffusion-v1-5 unet/config.json, with ControlNet residual inputs"),
     _unet_controlnet_spec("sdxl_unet_controlnet", SDXL_UNET, UNET_REDUCE_XL,
                           "stabilityai/stable-diffusion-xl-base-1.0 unet/config.json, with ControlNet residual inputs"),
+    Spec("sdxl_union_controlnet", build_union_controlnet, SDXL_UNION_CONTROLNET, union_controlnet_inputs,
+         controlnet_outputs, union_controlnet_dynamic, UNET_REDUCE_XL,
+         "xinsir/controlnet-union-sdxl-1.0 config.json (promax: num_control_type 8)"),
 ]}
 SPECS.update(CONTROLNET_SPECS)
 

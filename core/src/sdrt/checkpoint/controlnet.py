@@ -72,6 +72,8 @@ class ControlNetIdentity:
     hint_channels: int = 3
     #: ``sdxl`` with SDXL's added embedding, else ``sd1``: what an export of another width (``graph=``) is
     shape_of: str | None = None
+    #: a ControlNet Union's number of control types (xinsir's controlnet-union-sdxl-1.0: 6, its promax file: 8); 0 else
+    union: int = 0
 
 
 @dataclass
@@ -141,10 +143,19 @@ def identify(shapes: Mapping[str, tuple[int, ...]]) -> ControlNetIdentity:
                 and len(s) == 2), None)
     channels = int(hint[1]) if hint is not None and len(hint) == 4 else 3
     base = ("sdxl" if ctx in (None, 2048) else None) if xl else _CONTEXT.get(ctx or 0)
+    from . import unioncontrolnet
+
+    types = unioncontrolnet.type_count(shapes) if layout == "diffusers" and unioncontrolnet.is_union(shapes) else 0
     if base is None:
-        return ControlNetIdentity(None, layout, prefix, f"a ControlNet for a {ctx or 'unknown'}-wide text encoder "
-                                  f"({'SDXL-like' if xl else 'SD-like'}; not SD 1.x, SD 2.x or SDXL)", channels,
-                                  "sdxl" if xl else "sd1")
+        return ControlNetIdentity(None, layout, prefix, f"a ControlNet{' Union' if types else ''} for a "
+                                  f"{ctx or 'unknown'}-wide text encoder ({'SDXL-like' if xl else 'SD-like'}; not SD "
+                                  "1.x, SD 2.x or SDXL)", channels, "sdxl" if xl else "sd1", union=types)
+    if types:
+        if base != "sdxl":
+            return ControlNetIdentity(None, layout, prefix, f"a ControlNet Union for {BASE_LABELS[base]} (sdrt runs "
+                                      "SDXL's)", channels)
+        return ControlNetIdentity(base, layout, prefix, f"an SDXL ControlNet Union ({types} control types)", channels,
+                                  union=types)
     label = f"an {BASE_LABELS[base]} ControlNet ({'diffusers' if layout == 'diffusers' else 'LDM'} layout)"
     return ControlNetIdentity(base, layout, prefix, label, channels)
 
@@ -236,7 +247,14 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
     if graph is None and ident.base not in CONTROLNET_GRAPHS:
         raise ModelError(f"{p.name} is {ident.label}; sdrt ships ControlNet graphs for SD 1.x and SDXL only",
                          where=str(p), fix="export this ControlNet to an ONNX folder (model.onnx) and pass the folder")
-    gpath = Path(graph) if graph is not None else shipped_graph(CONTROLNET_GRAPHS[ident.base])
+    if graph is not None:
+        gpath = Path(graph)
+    elif ident.union:
+        from .unioncontrolnet import graph_for
+
+        gpath = graph_for(ident.union)
+    else:
+        gpath = shipped_graph(CONTROLNET_GRAPHS[ident.base])
     if ident.layout == "controllora":
         if unet is None:
             raise ModelError(f"{p.name} is {ident.label}: its ControlNet is built from the SDXL model's own UNet, "
@@ -264,7 +282,7 @@ def open_controlnet(path: PathLike, *, base: str | None = None, graph: PathLike 
         (refs,) = ck.lazy({"controlnet": cgraph}).values()
     except WeightsError as exc:
         what = (f"the shipped {BASE_LABELS[ident.base]} ControlNet graph (the architecture of "
-                f"{'lllyasviel/control_v11p_sd15_canny' if ident.base == 'sd1' else 'diffusers/controlnet-canny-sdxl-1.0'})"
+                f"{'lllyasviel/control_v11p_sd15_canny' if ident.base == 'sd1' else 'xinsir/controlnet-union-sdxl-1.0' if ident.union else 'diffusers/controlnet-canny-sdxl-1.0'})"
                 if graph is None else f"the graph {gpath.name}")
         raise ModelError(f"{p.name} is {ident.label} of another size than {what}: {exc.what}"[:1500],
                          where=str(p), fix="pass a full-size ControlNet (not a -mid/-small/LoRA variant), or export "

@@ -103,9 +103,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--control-mode", action="append", default=[], metavar="MODE",
                    help='sd-webui-controlnet\'s control mode: "Balanced" (0, default), "My prompt is more important" '
                         '(1), "ControlNet is more important" (2)')
-    g.add_argument("--control-union-mode", action="append", type=int, default=[], metavar="N",
-                   help="a union Flux ControlNet's mode (diffusers' control_mode: the control type's number on the "
-                        "net's model card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
+    g.add_argument("--control-union-mode", action="append", default=[], metavar="N|TYPE",
+                   help="a union ControlNet's control type: a union Flux ControlNet's mode number (diffusers' "
+                        "control_mode on the net's model card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union); "
+                        "xinsir's SDXL ControlNet Union: its number or name (openpose, depth, softedge, canny, normal, "
+                        "segment, tile, inpaint; lineart/mlsd = canny, scribble/hed = softedge), default: told by "
+                        "--control-preprocessor")
     g.add_argument("--control-inpaint-crop", action="append", default=[], choices=("on", "off"),
                    help="with --inpaint-area only-masked: on (default) cuts the control image to the area repainted "
                         "before its preprocessor, as sd-webui-controlnet's inpaint_crop_input_image; off: the whole "
@@ -332,11 +335,18 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
                                    ("--control-end", args.control_end, 1.0)):
             for value in values:  # in the flags' words: the pipeline speaks of "controlnets[0] start"
                 _num(value, flag, 0.0, high)
-        for value in args.control_union_mode:  # the pipeline speaks of "controlnets[0] union_mode"
-            if value < 0:
-                raise InputError(f"--control-union-mode must be a mode number (0, 1, ...), got {value}",
-                                 where="--control-union-mode", fix="pass e.g. --control-union-mode 0 (the net's "
-                                                                   "model card lists its modes)")
+        for i, value in enumerate(args.control_union_mode):  # the pipeline speaks of "controlnets[0] union_mode"
+            text = value.strip()
+            if text.lstrip("+-").isdigit():
+                if int(text) < 0:
+                    raise InputError(f"--control-union-mode must be a mode number (0, 1, ...), got {value}",
+                                     where="--control-union-mode",
+                                     fix="pass e.g. --control-union-mode 0 (the net's model card lists its modes)")
+                args.control_union_mode[i] = int(text)
+            elif not text or not text.replace("_", "").replace("-", "").isalpha():
+                raise InputError(f"--control-union-mode must be a mode number (0, 1, ...) or a control type's name, "
+                                 f"got {value!r:.40}", where="--control-union-mode",
+                                 fix="pass e.g. --control-union-mode 3 or --control-union-mode canny")
         if len(args.control_start) == len(args.control_end) == 1 and args.control_start[0] > args.control_end[0]:
             raise InputError(f"--control-start {args.control_start[0]:g} is after --control-end "
                              f"{args.control_end[0]:g}", where="--control-start",

@@ -118,7 +118,9 @@ class ControlNet:
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
     ``union_mode``: a union Flux ControlNet's control type (diffusers' ``control_mode``); Flux ControlNets run
-    through :mod:`sdrt.pipelines.fluxcontrolnet`. ``control_mask``: an SD3 inpainting ControlNet's mask (alimama's;
+    through :mod:`sdrt.pipelines.fluxcontrolnet`. For xinsir's SDXL ControlNet Union: its index or name (``openpose``,
+    ``depth``, ``softedge``, ``canny``, ``normal``, ``segment``, ``tile``, ``inpaint``; ``lineart``/``mlsd`` are
+    ``canny``, ``scribble``/``hed`` ``softedge``), None: told by the preprocessor (``canny``, ``depth_midas``, ...). ``control_mask``: an SD3 inpainting ControlNet's mask (alimama's;
     white = repaint, diffusers' ``control_mask``; a path, ``PIL.Image`` or HxW array) for its picture ``image``.
     ``face_tokens``: InstantID's ControlNet, whose text is the face tokens of the run's InstantID IP-Adapter (None:
     told by the net's name or the ``instant_id_face_keypoints`` preprocessor; docs/toolbox.md "InstantID (SDXL)")."""
@@ -139,9 +141,11 @@ class ControlNet:
     window: str = "diffusers"
     #: a union Flux ControlNet's mode (diffusers' ``control_mode``: the index of the control type in the net's model
     #: card, e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union); None for any other net
-    union_mode: int | None = None
+    union_mode: int | str | None = None
     #: an SD3 inpainting ControlNet's mask (white = repaint) for its picture ``image``; None for any other net
     control_mask: Any = None
+    #: an SDXL ControlNet Union's control type the run uses (from ``union_mode`` or the preprocessor; the pipeline fills it)
+    union_type: int | None = field(default=None, repr=False)
     #: InstantID's ControlNet: its ``encoder_hidden_states`` are the face tokens of the run's InstantID IP-Adapter
     #: (diffusers' community InstantID pipeline, sd-webui-controlnet's ``control_context_override``), not the prompt;
     #: None: so when the net's file or folder name says InstantID (:func:`names_instantid`: ``control_instant_id_sdxl``,
@@ -326,7 +330,13 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
         if unit.window not in ("diffusers", "a1111"):
             raise InputError(f"{where} window {unit.window!r:.40} is not a step window rule", where=where,
                              fix="pass window='diffusers' (the default) or 'a1111'")
-        if unit.union_mode is not None:
+        if isinstance(unit.union_mode, str) and unit.union_mode.strip().isdigit():
+            unit.union_mode = int(unit.union_mode)
+        if isinstance(unit.union_mode, str):  # a control type's name (an SDXL ControlNet Union's: checked with its net)
+            if not unit.union_mode.strip():
+                raise InputError(f"{where} {{@union_mode}} is empty", where=f"{where} union_mode",
+                                 fix="pass a mode number or a control type's name (e.g. canny, depth, openpose)")
+        elif unit.union_mode is not None:
             if isinstance(unit.union_mode, bool) or not isinstance(unit.union_mode, (int, np.integer)) \
                     or unit.union_mode < 0:
                 raise InputError(f"{where} {{@union_mode}} must be a mode number (0, 1, ...), got "
@@ -662,6 +672,15 @@ def check_net(part: Part, unet: Part, where: str) -> None:
                              "different UNets", where=where, fix="use a ControlNet made for this model's architecture")
 
 
+def union_types(part: Part) -> int:
+    """An SDXL ControlNet Union graph's number of control types (its ``control_type`` input's width)."""
+    n = _dim(part.inputs["control_type"].shape, 1)
+    if n is None:
+        raise ModelError(f"the ControlNet Union {part.path} takes control_type of no fixed width", where=str(part.path),
+                         fix="export it with control_type [batch, number of control types]")
+    return n
+
+
 def _dim(shape: Sequence[Any], axis: int) -> int | None:
     """A static dimension of a shape, or None (dynamic or absent)."""
     if not shape or len(shape) <= (axis if axis >= 0 else -axis - 1):
@@ -755,6 +774,12 @@ def hook(units: Sequence[ControlNet], unet: Part, state: ControlState, *, latent
         net_feeds["timestep"] = t[:1].reshape(()) if len(ts) == 0 else np.resize(t, (rows,))
         if text is not None:  # InstantID: the face tokens in place of the prompt
             net_feeds["encoder_hidden_states"] = text
+        if "control_type" in inputs:  # an SDXL ControlNet Union: its image's type, as diffusers' union pipeline feeds it
+            assert unit.union_type is not None
+            onehot = np.zeros((rows, union_types(unit.part)), np.float32)
+            onehot[:, unit.union_type] = 1.0
+            net_feeds["control_type"] = onehot
+            net_feeds["control_type_idx"] = np.array([unit.union_type], np.int64)
         for name in inputs:
             if name not in net_feeds and name in feeds:
                 net_feeds[name] = feeds[name]
@@ -800,8 +825,8 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
                   ("Control Mode", CONTROL_MODES[2] if u.guess_mode else u.control_mode)]
         if u.guess_mode:  # the extension turned guess_mode into "ControlNet is more important"; the scales are diffusers'
             items.append(("Guess Mode", "True"))
-        if u.union_mode is not None:  # a union Flux ControlNet's control type
-            items.append(("Union Mode", str(u.union_mode)))
+        if u.union_mode is not None or u.union_type is not None:  # a union net's control type
+            items.append(("Union Mode", str(u.union_mode if u.union_mode is not None else u.union_type)))
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields
 

@@ -93,11 +93,16 @@ class ToolboxMixin:
                 k = tb.place(unit, k)  # noqa: PLW2901 - its place among all the units given (reference units too)
                 cn.check_no_control_mask(unit, f"controlnets[{k}]", f"a {self.family.label} ControlNet",  # type: ignore[attr-defined]
                                          sd=True)
-                if unit.union_mode is not None:  # a union Flux ControlNet's control type: no SD net has one
-                    raise InputError(f"controlnets[{k}] has a {{@union_mode}}: an SD ControlNet has no union modes "
-                                     "(a union Flux.1 ControlNet has)", where=f"controlnets[{k}] {{@union_mode}}",
-                                     fix="leave {@union_mode} out")
                 unit.part = self._control_part(unit.net, f"controlnets[{k}]")
+                if "control_type" in unit.part.inputs:  # an SDXL ControlNet Union: the type of its image
+                    from ..checkpoint.unioncontrolnet import type_index
+
+                    unit.union_type = type_index(unit.union_mode, cn.union_types(unit.part), unit.preprocessor,
+                                                 f"controlnets[{k}]", "{@union_mode}")
+                elif unit.union_mode is not None:  # a union net's control type: no other SD net has one
+                    raise InputError(f"controlnets[{k}] has a {{@union_mode}}: an SD ControlNet has no union modes "
+                                     "(xinsir's SDXL ControlNet Union and union Flux.1 ControlNets have)",
+                                     where=f"controlnets[{k}] {{@union_mode}}", fix="leave {@union_mode} out")
                 cn.check_net(unit.part, unet, f"controlnets[{k}]")
                 self._inpaint_unit(s, unit, k)
                 unit.control = self._control_tensor(unit, s.width, s.height, k)

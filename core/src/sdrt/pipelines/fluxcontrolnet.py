@@ -82,6 +82,10 @@ def prepare(pipe: Any, s: Settings) -> None:
                              "image", where=f"{where} union_mode",
                              fix=f"pass {{@union_mode}} 0 to {lay.modes - 1} (the net's model card lists its modes, "
                                  "e.g. 0 canny, 2 depth for InstantX/Shakker-Labs Union)")
+        if isinstance(unit.union_mode, str):
+            raise InputError(f"{where} {{@union_mode}} {unit.union_mode!r:.40} is a name; a union Flux ControlNet takes "
+                             "the mode's number", where=f"{where} union_mode",
+                             fix=f"pass {{@union_mode}} 0 to {max((lay.modes or 1) - 1, 0)} (the net's model card lists its modes)")
         if unit.union_mode is not None and not lay.modes:
             raise InputError(f"{where} has a {{@union_mode}} and is no union ControlNet", where=f"{where} union_mode",
                              fix="leave {@union_mode} out for this net")
