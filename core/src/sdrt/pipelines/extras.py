@@ -431,6 +431,8 @@ class ToolboxMixin:
         state = self.__dict__.get("_weight_state")
         if state is None:
             return den.graph, den.own_weights()
+        if state.loras and den.weights is not None:  # what the UNet runs now, LoRAs merged: no second merged copy
+            return den.graph, den.weights
         merged = state._merge(state.loras).get(den.name, {}) if state.loras else {}
         overrides = {**state.base.get(den.name, {}), **merged}
         return den.graph, (state._weights(den.name, overrides) if overrides else den.own_weights())
