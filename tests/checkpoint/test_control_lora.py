@@ -238,3 +238,40 @@ def test_a_weight_held_in_full_beside_its_pair_is_the_base_of_the_pair():
                              lambda keys: ({f"x.{k}": Source(k) for k in keys}, []))
     np.testing.assert_allclose(bound[srcs["x.m.weight"].key], full + up @ down, rtol=1e-6)
     np.testing.assert_allclose(bound[srcs["x.n.weight"].key], unet + up @ down, rtol=1e-6)
+
+
+def test_the_controlnet_copy_takes_the_unet_with_its_active_loras(shipped, graph, tmp_path):
+    """As ComfyUI (``ControlLora.pre_run`` copies ``diffusion_model.state_dict()`` after the model's LoRA patches are
+    applied) and the A1111 extension (``bind_control_lora`` binds the live UNet modules): the Control-LoRA's UNet copy
+    is the UNet with the active LoRAs merged, plus up @ down; removing the LoRA makes it the plain one again."""
+    from safetensors.numpy import save_file
+
+    from sdrt.checkpoint.onnxmap import param_map
+    from sdrt.graph import Graph
+    from sdrt.weights import Weights
+
+    mod = "input_blocks.1.0.in_layers.2"
+    lora, unet = Weights.open(FILE), _xl_tensors()
+    base = np.asarray(unet[f"model.diffusion_model.{mod}.weight"], np.float32)
+    up, down = lora[f"{mod}.up"], lora[f"{mod}.down"]
+    delta = (up.reshape(up.shape[0], -1) @ down.reshape(down.shape[0], -1)).reshape(base.shape)
+    rng = np.random.default_rng(3)
+    kup = rng.standard_normal((base.shape[0], 2, 1, 1)).astype(np.float32)
+    kdown = rng.standard_normal((2,) + base.shape[1:]).astype(np.float32)
+    kohya = tmp_path / "style.safetensors"  # kohya's naming, alpha = rank: the delta is scale * up @ down
+    key = "lora_unet_" + mod.replace(".", "_")
+    save_file({f"{key}.lora_up.weight": kup, f"{key}.lora_down.weight": kdown,
+               f"{key}.alpha": np.asarray(2.0, np.float32)}, str(kohya))
+    style = 0.5 * (kup.reshape(kup.shape[0], -1) @ kdown.reshape(2, -1)).reshape(base.shape)
+    init = param_map(Graph.load(graph, load_external=False))["down_blocks.0.resnets.0.conv1.weight"].init
+    kw = dict(steps=1, width=64, height=64, controlnets=[ControlNet(FILE, np.load(DATA / "refs.npz")["edges"])])
+    with pipelines.load(FOLDER, backend="reference") as pipe:
+        pipe.set_loras([(kohya, 0.5)])
+        pipe.generate("a cat", **kw)
+        (part,) = pipe.control_parts.values()
+        np.testing.assert_allclose(np.asarray(part.weights[init]), base + style + delta, rtol=1e-5, atol=1e-5)
+        pipe.set_loras([])
+        pipe.generate("a cat", **kw)
+        (plain,) = pipe.control_parts.values()
+        assert plain is not part
+        np.testing.assert_allclose(np.asarray(plain.weights[init]), base + delta, rtol=1e-5, atol=1e-5)

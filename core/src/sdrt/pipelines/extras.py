@@ -430,18 +430,25 @@ class ToolboxMixin:
 
     def _control_lora_base(self) -> tuple[Any, Any]:
         """``(graph, weights)`` of the UNet a Control-LoRA's ControlNet is built from: the model's, or the checkpoint
-        ``load_weights`` bound onto it, without LoRAs (sdrt.checkpoint.controllora)."""
+        ``load_weights`` bound onto it, with the active LoRAs merged, as ComfyUI's ``ControlLora`` copies the patched
+        UNet and the A1111 extension binds the live one (sdrt.checkpoint.controllora)."""
         den = self.denoiser  # type: ignore[attr-defined]
         state = self.__dict__.get("_weight_state")
-        if state is not None and state.base.get(den.name):
-            return den.graph, state._weights(den.name, state.base[den.name])
-        return den.graph, den.own_weights()
+        if state is None:
+            return den.graph, den.own_weights()
+        if state.loras and den.weights is not None:  # what the UNet runs now, LoRAs merged: no second merged copy
+            return den.graph, den.weights
+        merged = state._merge(state.loras).get(den.name, {}) if state.loras else {}
+        overrides = {**state.base.get(den.name, {}), **merged}
+        return den.graph, (state._weights(den.name, overrides) if overrides else den.own_weights())
 
-    def _control_lora_base_id(self) -> int:
-        """Which checkpoint the UNet has now (0: the model's own), for a Control-LoRA's kept part."""
+    def _control_lora_base_id(self) -> tuple[int, tuple[tuple[int, float, float | None], ...]]:
+        """Which checkpoint the UNet has now (0: the model's own) and which LoRAs are active, for a Control-LoRA's
+        kept part."""
         state = self.__dict__.get("_weight_state")
         ckpt = getattr(state, "checkpoint", None)
-        return 0 if ckpt is None else id(ckpt)
+        loras = tuple((id(a.lora), a.scale, a.unet_scale) for a in getattr(state, "loras", ()))
+        return 0 if ckpt is None else id(ckpt), loras
 
     @property
     def control_parts(self) -> dict[str, Part]:
