@@ -181,30 +181,33 @@ _WAITING: dict[int, Any] = {}
 _WAITING_LOCK = threading.Lock()
 
 
-def hold(pipe: Pipeline, other: Pipeline) -> None:
-    """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint) for this job, as ``pipe``'s own lock holds
-    ``pipe``: a job of another thread on it waits until this job ends (``release``), and this job waits for one
-    running on it. Jobs that each run the next one's pipeline as their hires checkpoint, in a ring (two that run
-    each other's, or more), would wait for each other forever: the last to see it is refused in one line."""
+def hold(pipe: Pipeline, other: Pipeline, role: str = "hires_checkpoint") -> None:
+    """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint, or as the ``refiner``: ``role``) for this job,
+    as ``pipe``'s own lock holds ``pipe``: a job of another thread on it waits until this job ends (``release``), and
+    this job waits for one running on it. Jobs that each run the next one's pipeline as their hires checkpoint (or
+    refiner), in a ring (two that run each other's, or more), would wait for each other forever: the last to see it
+    is refused in one line."""
     me = threading.get_ident()
-    if other._owner == me or pipe.__dict__.get("_hires_held") is other:
+    slot = f"_{role}_held"
+    if other._owner == me or pipe.__dict__.get(slot) is other:
         return
+    what = "hires checkpoint" if role == "hires_checkpoint" else role
     try:
         while not other._lock.acquire(timeout=0.05):
             with _WAITING_LOCK:
                 if _waits_for(other, pipe):
                     _WAITING.pop(me, None)  # gone before the lock opens: no other job of the ring sees it and gives up
-                    raise InputError(f"the hires checkpoint ({other.folder.name}) is running a job of another thread "
-                                     "that waits for this pipeline (its own hires checkpoint, or through the jobs it "
-                                     "waits for): each job would wait for the other", where="hires_checkpoint",
+                    raise InputError(f"the {what} ({other.folder.name}) is running a job of another thread "
+                                     f"that waits for this pipeline (its own {what}, or through the jobs it "
+                                     "waits for): each job would wait for the other", where=role,
                                      fix="run the two jobs one after the other, or pass the model's path as "
-                                         "{@hires_checkpoint} (a pipeline of its own is then loaded)")
+                                         f"{{@{role}}} (a pipeline of its own is then loaded)")
                 _WAITING[me] = other
     finally:
         with _WAITING_LOCK:
             _WAITING.pop(me, None)
     other._owner = me
-    pipe._hires_held = other
+    pipe.__dict__[slot] = other
 
 
 def _waits_for(other: Pipeline, pipe: Pipeline) -> bool:
@@ -222,11 +225,12 @@ def _waits_for(other: Pipeline, pipe: Pipeline) -> bool:
 
 
 def release(pipe: Pipeline) -> None:
-    """The job is over: the hires checkpoint ``hold`` locked is free for other threads again."""
-    other = pipe.__dict__.pop("_hires_held", None)
-    if other is not None:
-        other._owner = None
-        other._lock.release()
+    """The job is over: the hires checkpoint and the refiner ``hold`` locked are free for other threads again."""
+    for slot in ("_hires_checkpoint_held", "_refiner_held"):
+        other = pipe.__dict__.pop(slot, None)
+        if other is not None:
+            other._owner = None
+            other._lock.release()
 
 
 def apply_memory_plan(pipe: Pipeline, other: Pipeline, calls: Any) -> None:
