@@ -303,3 +303,25 @@ def test_a_model_backed_map_at_the_images_own_size_is_bounded(tmp_path, name):
     assert "\n" not in str(e.value)
     with pytest.raises(ControlImageError, match="at its own size"):
         preprocessors.map_size(name, 4097, 4096, None)
+
+
+def test_a_drawn_subseed_varies_the_noise_not_the_shuffle_map(monkeypatch) -> None:
+    """sd-webui-controlnet's ``set_numpy_seed`` reads the subseed as sent: -1 (or none) counts as the seed whatever
+    the variation strength (A1111 draws the subseed for the noise only), a given one counts at strength 0 too. The
+    pipeline counted the drawn subseed (a new map each run of one seed)."""
+    from pipeline_helpers import DATA, fast_backend
+
+    from sdrt import pipelines
+    from sdrt.pipelines import controlnet as cn
+    from sdrt.pipelines.controlnet import ControlNet
+
+    seeds = []
+    made = cn.preprocess
+    monkeypatch.setattr(cn, "preprocess", lambda *a: seeds.append(a[5]) or made(*a))
+    kw = dict(steps=1, sampler="Euler", seed=5, width=64, height=64)
+    with pipelines.load(DATA / "tiny-sd15-controlnet", backend=fast_backend()) as pipe:
+        for extra, subseed in (({"subseed_strength": 0.5}, 5), ({"subseed": -1, "subseed_strength": 0.5}, 5),
+                               ({"subseed": 9, "subseed_strength": 0.5}, 9), ({"subseed": 9}, 9)):
+            seeds.clear()
+            pipe(PROMPT, controlnets=[ControlNet("controlnet", _photo(), preprocessor="shuffle")], **kw, **extra)
+            assert seeds and set(seeds) == {shufflemap.numpy_seed(5, subseed)}, extra  # (the dry run makes it too)

@@ -515,3 +515,30 @@ def test_the_run_places_the_refiners_parts_as_its_plan_does() -> None:
         assert placed["unet"] == "released"
         pipe.generate("a cat", "blurry", refiner=ref, **kw)
         assert not ref._parts["unet"].sessions and not ref._parts["text_encoder_2"].sessions
+
+
+def test_a_pipeline_run_as_the_refiner_is_held_for_the_job() -> None:
+    """A loaded pipeline passed as refiner is locked for the job, as a loaded hires checkpoint is: another thread's
+    job on it waits until the job ends (the job tells it the refiner section's memory plan and runs its parts); it
+    was not held at all."""
+    import threading
+
+    register("reference")
+    kw = dict(steps=4, cfg=3, seed=2, sampler="Euler", width=64, height=64, refiner_switch_at=0.5)
+    with pipelines.load(DATA / "tiny-sdxl", backend="reference") as pipe, \
+            pipelines.load(DATA / FOLDER, backend="reference") as ref:
+        done = threading.Event()
+        seen: list[bool] = []
+        picture = np.full((64, 64, 3), 128, np.uint8)
+        other = threading.Thread(target=lambda: (ref.generate("a dog", init_image=picture, strength=0.5, steps=2),
+                                                 done.set()))
+
+        def callback(step: int, total: int, latents: np.ndarray) -> None:
+            if step == 1:
+                other.start()
+                seen.append(done.wait(3.0))  # the other thread's job on the refiner: waiting
+
+        pipe.generate("a cat", "blurry", refiner=ref, callback=callback, **kw)
+        other.join(60)
+        assert seen == [False] and done.is_set()
+        assert ref._owner is None and not ref._lock.locked()

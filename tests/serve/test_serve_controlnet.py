@@ -651,3 +651,30 @@ def test_reference_only_unit_without_a_model_runs_as_the_python_api(cn_server, p
     want = _python(pipe, [ControlNet(None, photo, 1.5, 0.0, 0.8, "reference_adain+attn", low=0.5, window="a1111")])
     assert r.status_code == 200 and np.array_equal(_rgb(r.json()["images"][0]), want), r.text[-300:]
     assert "threshold_a: 2 is outside Style Fidelity (only for Balanced mode)'s 0 to 1" in r.json()["info"]
+
+
+def test_a_shuffle_unit_is_seeded_once_a_job_from_the_requests_seed_and_subseed(cn_server, pipe) -> None:
+    """sd-webui-controlnet seeds numpy once a job (``set_numpy_seed``, before the preprocessor runs) with
+    ``seed + subseed`` as the request sent them (a subseed of -1: the seed again, whatever the strength): every
+    n_iter batch gets that one shuffle map. serve seeded each n_iter batch from its own first seed (seed + k), a
+    subseed sent with strength 0 was dropped and a -1 subseed with a variation strength counted as the drawn one."""
+    from sdrt.pipelines.shufflemap import numpy_seed
+
+    photo = _photo()
+    unit = {"image": _b64(photo), "model": "controlnet", "module": "shuffle"}
+
+    def want(seed: int, map_seed: int, **kw) -> np.ndarray:
+        return _python(pipe, [ControlNet("controlnet", photo, preprocessor="shuffle", processor_res=512,
+                                         window="a1111", seed=map_seed)], seed=seed, **kw)
+
+    def run(**kw) -> list[np.ndarray]:
+        r = _post(cn_server, "txt2img", dict(BASE, alwayson_scripts={"controlnet": {"args": [unit]}}, **kw))
+        assert r.status_code == 200, r.text
+        return [_rgb(b) for b in r.json()["images"]], json.loads(r.json()["info"])
+
+    images, _ = run(n_iter=2)
+    assert np.array_equal(images[1], want(12, numpy_seed(11)))  # the job's map (11 + 11), not batch 2's (12 + 12)
+    assert np.array_equal(run(subseed=9)[0][0], want(11, numpy_seed(11, 9)))
+    images, info = run(subseed=-1, subseed_strength=0.5)  # the drawn subseed varies the noise, not the map
+    drawn = info["all_subseeds"][0]
+    assert np.array_equal(images[0], want(11, numpy_seed(11), subseed=drawn, subseed_strength=0.5))

@@ -394,7 +394,7 @@ def test_fuzz_txt2img_and_img2img_fields(client, data):
 #: the JSON kind of each field a txt2img / img2img body has, of those sdrt reads whatever else the body holds
 _ALWAYS = {**dict.fromkeys(["prompt", "negative_prompt", "sampler_name", "scheduler", "force_task_id", "latent_mask",
                             "refiner_checkpoint"], "str"),
-           **dict.fromkeys(["steps", "batch_size", "n_iter", "width", "height", "seed"], "int"),
+           **dict.fromkeys(["steps", "batch_size", "n_iter", "width", "height", "seed", "subseed"], "int"),
            **dict.fromkeys(["cfg_scale", "distilled_cfg_scale", "image_cfg_scale", "subseed_strength", "eta"], "number"),
            **dict.fromkeys(["send_images", "save_images", "do_not_save_samples", "do_not_save_grid",
                             "override_settings_restore_afterwards", "disable_extra_networks"], "bool"),

@@ -80,3 +80,15 @@ def test_variation_seeds_across_n_iter_follow_a1111(url):
 
 def _pixels(b64: str) -> bytes:
     return Image.open(io.BytesIO(base64.b64decode(b64))).tobytes()
+
+
+def test_without_variation_the_subseeds_are_still_listed_as_a1111_lists_them(url):
+    """A1111 fixes the subseed whatever the strength (``get_fixed_seed``: -1 is a random one) and lists
+    ``all_subseeds = subseed + j`` with ``subseed = all_subseeds[0]`` in ``info`` (``Processed``); the infotexts
+    write no variation seed at strength 0. sdrt said -1 for each."""
+    info = json.loads(_txt2img(url, subseed=9, n_iter=2, batch_size=2)["info"])
+    assert info["subseed"] == 9 and info["all_subseeds"] == [9, 10, 11, 12]
+    assert not any("Variation seed" in t for t in info["infotexts"])
+    drawn = json.loads(_txt2img(url, subseed=-1, batch_size=2)["info"])
+    first = drawn["subseed"]
+    assert 0 <= first < 2**32 and drawn["all_subseeds"] == [first, first + 1]

@@ -113,7 +113,7 @@ class ControlNet:
     ``"Both"`` (the default), ``"Low res only"`` (the first pass), ``"High res only"`` (the second pass), or 0, 1, 2;
     on the other pass the unit is left out, as if not given (its map is still made from the first pass's size).
     ``seed``: the ``shuffle`` map's numpy seed (None: the extension's, ``(seed + subseed) & 0xFFFFFFFF`` of the
-    run, the subseed being the seed without a variation seed). ``window``: how ``start``/``end`` pick the steps:
+    run, the subseed as given being the seed when none or -1 is, a drawn one counting not). ``window``: how ``start``/``end`` pick the steps:
     ``"diffusers"`` (step ``i`` of ``n`` is on unless
     ``i / n < start or (i + 1) / n > end``) or ``"a1111"`` (sd-webui-controlnet's: on while
     ``start <= i / n <= end``, one step more at the end when ``end * n`` is no whole number of steps).
@@ -576,7 +576,8 @@ def detect(unit: ControlNet, width: int, height: int, where: str) -> np.ndarray:
 
 def seed_units(units: Sequence[ControlNet], seed: int, subseed: int | None) -> None:
     """Give each unit the numpy seed sd-webui-controlnet seeds its preprocessors with (``set_numpy_seed``):
-    ``(seed + subseed) & 0xFFFFFFFF`` of the run's first image, the subseed being the seed without one."""
+    ``(seed + subseed) & 0xFFFFFFFF`` of the run's first image, the subseed (as given, not drawn) being the seed
+    without one."""
     from .shufflemap import numpy_seed
 
     for unit in units:

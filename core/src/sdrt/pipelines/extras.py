@@ -57,7 +57,8 @@ class ToolboxMixin:
         assert s.width is not None and s.height is not None
         self._silent_units: list[cn.ControlNet] = []
         self._lama_noise = True  # the job's first batch: inpaint_only+lama's HackedImageRNG (_noise)
-        cn.seed_units([*tb.controlnets, *tb.adapters], s.seed, tb.subseed)  # the shuffle map's numpy seed, as the extension's
+        cn.seed_units([*tb.controlnets, *tb.adapters], s.seed, tb.subseed_given)  # the shuffle map's numpy seed, as the
+        # extension's (the subseed as given: a drawn one varies the noise only)
         for unit in [*tb.controlnets, *tb.adapters]:  # a preprocessor's graphs (DWPose) compile where the model runs unless told
             if unit.pose_backend is None:
                 unit.pose_backend, unit.pose_device = self.backend, self.device  # type: ignore[attr-defined]

@@ -34,13 +34,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import threading
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..errors import InputError
+from .holds import hold, release  # noqa: F401  (the hires checkpoint's hold; release re-exported)
 
 if TYPE_CHECKING:  # pragma: no cover
     from .pipeline import Pipeline
@@ -174,59 +174,6 @@ def resolve(pipe: Pipeline, s: Settings, load: Any, raw: tuple[Any, Any] = ("", 
             other.weights.lora_dir = pipe.weights.lora_dir
         other.weights.prepare(*raw)
     return other
-
-
-#: {thread id: the pipeline whose lock it waits for in ``hold``}: jobs that wait in a ring for each other's model
-_WAITING: dict[int, Any] = {}
-_WAITING_LOCK = threading.Lock()
-
-
-def hold(pipe: Pipeline, other: Pipeline) -> None:
-    """Lock ``other`` (a loaded Pipeline passed as the hires checkpoint) for this job, as ``pipe``'s own lock holds
-    ``pipe``: a job of another thread on it waits until this job ends (``release``), and this job waits for one
-    running on it. Jobs that each run the next one's pipeline as their hires checkpoint, in a ring (two that run
-    each other's, or more), would wait for each other forever: the last to see it is refused in one line."""
-    me = threading.get_ident()
-    if other._owner == me or pipe.__dict__.get("_hires_held") is other:
-        return
-    try:
-        while not other._lock.acquire(timeout=0.05):
-            with _WAITING_LOCK:
-                if _waits_for(other, pipe):
-                    _WAITING.pop(me, None)  # gone before the lock opens: no other job of the ring sees it and gives up
-                    raise InputError(f"the hires checkpoint ({other.folder.name}) is running a job of another thread "
-                                     "that waits for this pipeline (its own hires checkpoint, or through the jobs it "
-                                     "waits for): each job would wait for the other", where="hires_checkpoint",
-                                     fix="run the two jobs one after the other, or pass the model's path as "
-                                         "{@hires_checkpoint} (a pipeline of its own is then loaded)")
-                _WAITING[me] = other
-    finally:
-        with _WAITING_LOCK:
-            _WAITING.pop(me, None)
-    other._owner = me
-    pipe._hires_held = other
-
-
-def _waits_for(other: Pipeline, pipe: Pipeline) -> bool:
-    """Whether the job holding ``other`` waits, itself or through the jobs it waits for, for ``pipe`` (a ring of any
-    length: job 1 on A waits for B, job 2 on B for C, job 3 on C for A). Called under ``_WAITING_LOCK``."""
-    seen: set[int] = set()
-    node: Any = other
-    while node is not None and id(node) not in seen:
-        seen.add(id(node))
-        owner = node._owner
-        node = _WAITING.get(owner) if owner is not None else None
-        if node is pipe:
-            return True
-    return False
-
-
-def release(pipe: Pipeline) -> None:
-    """The job is over: the hires checkpoint ``hold`` locked is free for other threads again."""
-    other = pipe.__dict__.pop("_hires_held", None)
-    if other is not None:
-        other._owner = None
-        other._lock.release()
 
 
 def apply_memory_plan(pipe: Pipeline, other: Pipeline, calls: Any) -> None:
@@ -376,10 +323,11 @@ def _model_size(p: Pipeline) -> int:
 def release_first(pipe: Pipeline) -> None:
     """The first model's parts closed, their weights dropped (they load again at the next run's first pass); the
     second model's likewise once its pass is over when both do not fit (A1111 loads the first model back then)."""
-    from .lowmem import give_back, release
+    from .lowmem import give_back
+    from .lowmem import release as release_parts
 
     keep = pipe._weight_state._originals if pipe._weight_state is not None else {}
-    release(pipe._parts.values(), keep_graph=keep)
+    release_parts(pipe._parts.values(), keep_graph=keep)
     give_back()
 
 

@@ -153,6 +153,10 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
     if ref.family.prediction != pipe.family.prediction:  # a bound checkpoint's own (load_weights) included
         raise InputError(f"the refiner predicts {ref.family.prediction} and this model {pipe.family.prediction}",
                          where="refiner", fix="use a refiner trained with the base model's prediction type")
+    if _is_pipeline(spec) and not pipe._dry:  # a loaded pipeline: no other thread runs it (or is told another
+        from .holds import hold  # memory plan) until this job ends, as a loaded hires checkpoint
+
+        hold(pipe, ref, "refiner")
     return ref
 
 

@@ -40,6 +40,9 @@ class Toolbox:
     rng: str = "cpu"
     subseed: int | None = None
     subseed_strength: float = 0.0
+    #: the subseed as given (None: none or -1), which sd-webui-controlnet's set_numpy_seed reads (``subseed`` is the
+    #: one drawn for the noise)
+    subseed_given: int | None = None
     preview: Any = None
     #: a TAESD preview's longer side at most, in pixels (None: the decoder's full size)
     preview_size: int | None = 256
@@ -177,6 +180,7 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
         from ..samplers.noise import check_seed
 
         check_seed(subseed, "subseed")  # as the seed is checked: one range, one wording
+    tb.subseed_given = None if subseed is None or int(subseed) == -1 else int(subseed)
     if tb.subseed_strength:
         tb.subseed = resolve_seed(-1 if subseed is None else int(subseed))
     elif subseed is not None and int(subseed) != -1:

@@ -231,7 +231,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
             else "a1111"
     else:
         _hires(body, kwargs, limits, not_honoured, registry.models_dir)
-    _variation(body, kwargs)
+    subseed = _variation(body, kwargs)
     passes = hires_refiner_pass(overrides["hires_fix_refiner_pass"], "override_settings.hires_fix_refiner_pass") \
         if _set(overrides, "hires_fix_refiner_pass") else options.get("hires_fix_refiner_pass") or "second pass"
     by_steps = option_bool(overrides, options, "refiner_switch_by_sample_steps")
@@ -248,6 +248,13 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     not_honoured += notes
     if nets:
         kwargs["controlnets"] = nets
+        # the extension seeds numpy once a job (set_numpy_seed), from the seed and the subseed as sent (-1: the
+        # seed): one shuffle map for every n_iter batch (each runs as its own generate, from its own first seed)
+        from ..pipelines.shufflemap import numpy_seed
+
+        sent = get_int(body, "subseed", -1, -1, 2**32 - 1)
+        for unit in nets:
+            unit.seed = numpy_seed(seed, sent) if unit.seed is None else unit.seed
     ips, ip_names = controlnet.ip_adapters(body, registry, model, limits.max_width * limits.max_height * 4, init)
     if ips:  # the IP-Adapter modules' units: image prompts (sdrt.pipelines.ipadapter), their attentions summed
         kwargs["ip_adapter"] = ips
@@ -281,7 +288,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
                 image_cfg=image_cfg if mode == "img2img" else None,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
-                extra_infotext=extra_infotext, rounded=rounded)
+                extra_infotext=extra_infotext, rounded=rounded, subseed=subseed)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -414,13 +421,17 @@ def _refiner(body: dict[str, Any], kwargs: dict[str, Any], registry: Registry, m
     return entry
 
 
-def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> None:
-    """A1111's variation seeds: ``subseed`` (-1: random) mixed in at ``subseed_strength``."""
+def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> int | None:
+    """A1111's variation seeds: ``subseed`` (-1: random) mixed in at ``subseed_strength``. At strength 0 the
+    subseed, fixed as A1111 fixes it whatever the strength, is returned for ``info`` only (``Work.subseed``)."""
     strength = get_float(body, "subseed_strength", 0.0, 0.0, 1.0)
+    subseed = get_int(body, "subseed", -1, -1, 2**32 - 1)
+    subseed = secrets.randbelow(2**32 - 1) if subseed == -1 else subseed
     if strength:
-        subseed = get_int(body, "subseed", -1, -1, 2**32 - 1)
-        kwargs["subseed"] = secrets.randbelow(2**32 - 1) if subseed == -1 else subseed
+        kwargs["subseed"] = subseed
         kwargs["subseed_strength"] = strength
+        return None
+    return subseed
 
 
 def _img2img_upscaler(overrides: dict[str, Any], options: dict[str, Any], models_dir: Path | None,

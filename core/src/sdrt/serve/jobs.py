@@ -69,6 +69,9 @@ class Work:
     #: the request's width / height brought down to a multiple of 8 (A1111's rule), as sent: a size the model
     #: refuses is said with them ("width: 100 ran as 96"), not as if 96 had been sent
     rounded: list[str] = field(default_factory=list)
+    #: A1111's fixed subseed at subseed_strength 0 (-1 drawn, as ``get_fixed_seed``): ``info`` lists
+    #: ``subseed + j`` for image ``j`` as A1111's ``all_subseeds`` does; the run does not read it (no variation)
+    subseed: int | None = None
 
 
 @dataclass
