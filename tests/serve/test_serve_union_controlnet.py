@@ -104,5 +104,8 @@ def test_a_module_that_does_not_tell_the_type_is_one_line(server) -> None:
     r = _post(server, {"module": "none"})
     assert r.status_code == 400, r.text
     body = r.json()
-    assert "is a ControlNet Union" in body["message"] and "\n" not in body["message"], body
-    assert body["field"].startswith("alwayson_scripts.controlnet.args[0]"), body
+    assert "ControlNet Union" in body["message"] and "\n" not in body["message"], body
+    # in the request's words: the unit's module field, no pipeline argument (the request has no union_mode)
+    assert body["field"] == "alwayson_scripts.controlnet.args[0].module", body
+    assert "alwayson_scripts.controlnet.args[0].module 'none'" in body["message"], body
+    assert "union_mode" not in body["message"] and "controlnets[" not in body["message"], body

@@ -650,6 +650,15 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
             notes.append(f"{f('hr_option')}: {pre} runs on both passes of the hires fix, as the extension runs it; "
                          f"{HR_OPTIONS[hr]!r} was not used")
         hr = 0
+    if net is not None and net.owner is None and net.path.exists():
+        from ..checkpoint import unioncontrolnet as union
+
+        if union.from_preprocessor(pre) is None and union.names_union(net.path):  # the type is the module's
+            raise ApiError(400, f"{f('module')} {pre!r} does not tell which control type the image is, and "
+                                f"{f('model')} {net.name} is an SDXL ControlNet Union, which runs with the type its "
+                                "unit's module makes; send the module that made the image (canny, depth_midas, "
+                                "openpose_full, softedge_pidinet, normal_bae, seg_ofade20k, tile_resample, "
+                                "inpaint_only, ...)", field=f("module"))
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     from ..pipelines.controlnet import names_instantid
 
