@@ -17,7 +17,7 @@ from test_controlnet_files import _sparse_safetensors
 
 import sdrt
 from sdrt.checkpoint.controlnet import identify, open_controlnet
-from sdrt.checkpoint.unioncontrolnet import from_preprocessor, type_index
+from sdrt.checkpoint.unioncontrolnet import from_preprocessor, resize_types, type_index
 from sdrt.errors import InputError, ModelError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
@@ -47,6 +47,11 @@ def test_full_size_union_files_bind_onto_the_shipped_graph(types, tmp_path):
     assert list(inputs)[-2:] == ["control_type", "control_type_idx"]
     assert inputs["control_type"].shape[1] == types
     assert [o.name for o in g.outputs][-1] == "mid_block_res_sample" and len(g.outputs) == 10
+    # the graph's shapes infer at its type count (the 6-type graph derived: its embeddings' reshape resized too)
+    pinned = g.with_shapes({"sample": (2, 4, 128, 128), "encoder_hidden_states": (2, 77, 2048),
+                            "controlnet_cond": (2, 3, 1024, 1024), "text_embeds": (2, 1280), "time_ids": (2, 6),
+                            "control_type": (2, types)})
+    assert pinned.outputs[-1].shape == [2, 1280, 32, 32] or tuple(pinned.outputs[-1].shape) == (2, 1280, 32, 32)
 
 
 def test_a_plain_sdxl_controlnet_is_no_union_and_a_cut_union_is_refused(tmp_path):
@@ -104,6 +109,29 @@ def test_the_tiny_union_file_gives_diffusers_residuals(backend, tmp_path, backen
         other = s.run({**feeds, "control_type_idx": np.array([1], np.int64),
                        "control_type": np.eye(8, dtype=np.float32)[[1, 1]]})
     assert np.abs(other["mid_block_res_sample"] - want["mid_block_res_sample"]).max() > 1e-3  # the type matters
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino"])
+def test_a_six_type_net_on_the_derived_graph_gives_diffusers_residuals(backend, tmp_path, backends):
+    """xinsir's first release has 6 control types: sdrt derives its graph from the 8-type one (resize_types, as for
+    the shipped graph); the tiny 6-type net's residuals against diffusers' (scripts/gen_union_refs.py six)."""
+    import onnx
+
+    model = onnx.load(str(UNION / "model.onnx"), load_external_data=False)
+    resize_types(model, 6)
+    onnx.save_model(model, str(tmp_path / "model.onnx"))
+    net = open_controlnet(UNION / "six" / "diffusion_pytorch_model.safetensors", graph=tmp_path / "model.onnx")
+    assert net.ident.union == 6
+    with np.load(UNION / "parts.npz") as z, np.load(UNION / "six" / "parts.npz") as six:
+        feeds = {k[5:]: z[k] for k in z.files if k.startswith("feed/")}
+        feeds.update({k[5:]: six[k] for k in six.files if k.startswith("feed/")})
+        want = {k[4:]: six[k] for k in six.files if k.startswith("out/")}
+    feeds["control_type_idx"] = feeds["control_type_idx"].astype(np.int64)
+    g = sdrt.Graph.load(net.graph).with_shapes({k: v.shape for k, v in feeds.items()})
+    with sdrt.load(g, weights=net.weights, backend=backend) as s:
+        got = s.run(feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
 
 
 def _fast_backend(registry) -> str:
