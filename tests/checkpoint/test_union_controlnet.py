@@ -201,3 +201,24 @@ def test_cli_union_mode_by_name_and_the_missing_type_in_flags(tmp_path, capsys, 
     assert "--control-union-mode 'sketchy' is no control type" in err and "3 canny" in err, err
     assert main([*base, "--control-union-mode", "a b"]) == 1
     assert "must be a mode number (0, 1, ...) or a control type's name" in capsys.readouterr().err
+
+
+def test_two_union_units_with_cfg_1_and_guess_mode(tmp_path, backends):
+    """Each unit its own type (its own one-hot, at the rows the net runs: CFG 1, guess mode's cond rows)."""
+    from sdrt import pipelines
+    from sdrt.pipelines import ControlNet
+
+    z = np.load(UNION / "refs.npz")
+    net = open_controlnet(UNION / "diffusion_pytorch_model.safetensors", graph=_stripped(tmp_path))
+    units = [ControlNet(net, z["edges"], 0.7, union_mode="canny"),
+             ControlNet(net, z["edges"], 0.5, union_mode="depth", guess_mode=True)]
+    with pipelines.load(FOLDER, backend=_fast_backend(backends)) as pipe:
+        one = pipe.generate("a cat", controlnets=units, steps=2, cfg=1.0, sampler="Euler", seed=3, width=64, height=64)
+        seven = pipe.generate("a cat", controlnets=units, steps=2, cfg=7.0, sampler="Euler", seed=3, width=64,
+                              height=64)
+        canny = pipe.generate("a cat", controlnets=units[:1], steps=2, cfg=7.0, sampler="Euler", seed=3, width=64,
+                              height=64)
+    assert one.images[0].shape == seven.images[0].shape == (64, 64, 3)
+    assert np.abs(seven.images[0].astype(int) - canny.images[0].astype(int)).max() > 1  # the depth unit counts
+    info = seven.settings[0]
+    assert "Union Mode: 3" in info["ControlNet 0"] and "Union Mode: 1" in info["ControlNet 1"], info
