@@ -16,7 +16,7 @@ import pytest
 from test_controlnet_files import _sparse_safetensors
 
 import sdrt
-from sdrt.checkpoint.controlnet import identify, open_controlnet
+from sdrt.checkpoint.controlnet import identify, names_union, open_controlnet
 from sdrt.checkpoint.unioncontrolnet import from_preprocessor, resize_types, type_index
 from sdrt.errors import InputError, ModelError
 
@@ -59,6 +59,10 @@ def test_a_plain_sdxl_controlnet_is_no_union_and_a_cut_union_is_refused(tmp_path
     plain = {k: v for k, v in shapes.items() if not k.startswith(("task_embedding", "transformer_layes",
                                                                   "spatial_ch_projs", "control_add_embedding"))}
     assert identify(plain).union == 0
+    _sparse_safetensors(tmp_path / "plain.safetensors", plain)
+    _sparse_safetensors(tmp_path / "union.safetensors", shapes)
+    assert not names_union(tmp_path / "plain.safetensors") and names_union(tmp_path / "union.safetensors")
+    assert names_union(UNION / "model.onnx") and names_union(UNION)  # the graph's control_type input; the folder
     cut = {k: v for k, v in shapes.items() if not k.startswith("transformer_layes")}
     f = tmp_path / "union_cut.safetensors"
     _sparse_safetensors(f, cut)

@@ -656,9 +656,10 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
     told = _union_control_type(unit.get("union_control_type"), f("union_control_type"))
     union_mode = None
     if net is not None and net.owner is None and net.path.exists():
-        from ..checkpoint import unioncontrolnet as union
+        from ..checkpoint.controlnet import names_union
+        from ..checkpoint.unioncontrolnet import from_preprocessor
 
-        if (told is not None or union.from_preprocessor(pre) is None) and union.names_union(net.path):
+        if (told is not None or from_preprocessor(pre) is None) and names_union(net.path):
             if told is None:  # the type is the module's
                 raise ApiError(400, f"{f('module')} {pre!r} does not tell which control type the image is, and "
                                     f"{f('model')} {net.name} is an SDXL ControlNet Union; send "
