@@ -53,7 +53,7 @@ def full_size_keys() -> dict:
     return out
 
 
-def tiny_union(unet) -> ControlNetUnionModel:
+def tiny_union(unet, types: int = TYPES) -> ControlNetUnionModel:
     c = unet.config
     ch = c.block_out_channels[0]
     net = ControlNetUnionModel(
@@ -63,7 +63,7 @@ def tiny_union(unet) -> ControlNetUnionModel:
         use_linear_projection=c.use_linear_projection, addition_embed_type="text_time",
         addition_time_embed_dim=c.addition_time_embed_dim, norm_num_groups=c.norm_num_groups,
         projection_class_embeddings_input_dim=c.projection_class_embeddings_input_dim,
-        conditioning_embedding_out_channels=(8, 8, 8, 8), num_control_type=TYPES, num_trans_channel=ch,
+        conditioning_embedding_out_channels=(8, 8, 8, 8), num_control_type=types, num_trans_channel=ch,
         num_trans_head=2, num_trans_layer=1, num_proj_channel=ch).eval()
     g = torch.Generator().manual_seed(77)
     with torch.no_grad():  # every tensor drawn (the zero convolutions and spatial_ch_projs start at zero)
@@ -181,5 +181,30 @@ def main() -> None:
     print("size", sum(f.stat().st_size for f in OUT.iterdir()))
 
 
+def six_types() -> None:
+    """3. The tiny net at 6 control types (xinsir's first release's count; the types are the promax file's first six):
+    ``six/diffusion_pytorch_model.safetensors`` and ``six/parts.npz``, diffusers' residuals for ``parts.npz``'s feeds
+    with a 6-wide ``control_type`` (type 5, segment: the last row), for the graph sdrt derives from the 8-type one."""
+    pipe = G.build("sdxl")
+    net = tiny_union(pipe.unet, 6)
+    (OUT / "six").mkdir(exist_ok=True)
+    from safetensors.torch import save_file
+    save_file({k: v.contiguous() for k, v in net.state_dict().items()}, OUT / "six" / "diffusion_pytorch_model.safetensors")
+    with np.load(OUT / "parts.npz") as z:
+        feeds = {k[5:]: torch.from_numpy(z[k]) for k in z.files if k.startswith("feed/")}
+    n = feeds["sample"].shape[0]
+    kind = torch.zeros(n, 6).index_fill_(1, torch.tensor([5]), 1.0)
+    with torch.no_grad():
+        down, mid = net(feeds["sample"], feeds["timestep"], feeds["encoder_hidden_states"], [feeds["controlnet_cond"]],
+                        kind, torch.tensor([5]), [feeds["conditioning_scale"]],
+                        added_cond_kwargs={"text_embeds": feeds["text_embeds"], "time_ids": feeds["time_ids"]},
+                        return_dict=False)
+    outs = (*down, mid)
+    names = [f"down_block_res_samples_{i}" for i in range(len(outs) - 1)] + ["mid_block_res_sample"]
+    np.savez_compressed(OUT / "six" / "parts.npz", **{f"out/{k}": o.numpy() for k, o in zip(names, outs)},
+                        **{"feed/control_type": kind.numpy(), "feed/control_type_idx": np.array([5])})
+    print("six types:", {k: tuple(o.shape) for k, o in zip(names, outs)})
+
+
 if __name__ == "__main__":
-    main()
+    six_types() if sys.argv[1:] == ["six"] else main()

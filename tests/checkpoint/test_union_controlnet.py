@@ -16,8 +16,8 @@ import pytest
 from test_controlnet_files import _sparse_safetensors
 
 import sdrt
-from sdrt.checkpoint.controlnet import identify, open_controlnet
-from sdrt.checkpoint.unioncontrolnet import from_preprocessor, type_index
+from sdrt.checkpoint.controlnet import identify, names_union, open_controlnet
+from sdrt.checkpoint.unioncontrolnet import from_preprocessor, resize_types, type_index
 from sdrt.errors import InputError, ModelError
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "pipelines"
@@ -47,6 +47,11 @@ def test_full_size_union_files_bind_onto_the_shipped_graph(types, tmp_path):
     assert list(inputs)[-2:] == ["control_type", "control_type_idx"]
     assert inputs["control_type"].shape[1] == types
     assert [o.name for o in g.outputs][-1] == "mid_block_res_sample" and len(g.outputs) == 10
+    # the graph's shapes infer at its type count (the 6-type graph derived: its embeddings' reshape resized too)
+    pinned = g.with_shapes({"sample": (2, 4, 128, 128), "encoder_hidden_states": (2, 77, 2048),
+                            "controlnet_cond": (2, 3, 1024, 1024), "text_embeds": (2, 1280), "time_ids": (2, 6),
+                            "control_type": (2, types)})
+    assert pinned.outputs[-1].shape == [2, 1280, 32, 32] or tuple(pinned.outputs[-1].shape) == (2, 1280, 32, 32)
 
 
 def test_a_plain_sdxl_controlnet_is_no_union_and_a_cut_union_is_refused(tmp_path):
@@ -54,6 +59,10 @@ def test_a_plain_sdxl_controlnet_is_no_union_and_a_cut_union_is_refused(tmp_path
     plain = {k: v for k, v in shapes.items() if not k.startswith(("task_embedding", "transformer_layes",
                                                                   "spatial_ch_projs", "control_add_embedding"))}
     assert identify(plain).union == 0
+    _sparse_safetensors(tmp_path / "plain.safetensors", plain)
+    _sparse_safetensors(tmp_path / "union.safetensors", shapes)
+    assert not names_union(tmp_path / "plain.safetensors") and names_union(tmp_path / "union.safetensors")
+    assert names_union(UNION / "model.onnx") and names_union(UNION)  # the graph's control_type input; the folder
     cut = {k: v for k, v in shapes.items() if not k.startswith("transformer_layes")}
     f = tmp_path / "union_cut.safetensors"
     _sparse_safetensors(f, cut)
@@ -106,11 +115,34 @@ def test_the_tiny_union_file_gives_diffusers_residuals(backend, tmp_path, backen
     assert np.abs(other["mid_block_res_sample"] - want["mid_block_res_sample"]).max() > 1e-3  # the type matters
 
 
+@pytest.mark.parametrize("backend", ["reference", "openvino"])
+def test_a_six_type_net_on_the_derived_graph_gives_diffusers_residuals(backend, tmp_path, backends):
+    """xinsir's first release has 6 control types: sdrt derives its graph from the 8-type one (resize_types, as for
+    the shipped graph); the tiny 6-type net's residuals against diffusers' (scripts/gen_union_refs.py six)."""
+    import onnx
+
+    model = onnx.load(str(UNION / "model.onnx"), load_external_data=False)
+    resize_types(model, 6)
+    onnx.save_model(model, str(tmp_path / "model.onnx"))
+    net = open_controlnet(UNION / "six" / "diffusion_pytorch_model.safetensors", graph=tmp_path / "model.onnx")
+    assert net.ident.union == 6
+    with np.load(UNION / "parts.npz") as z, np.load(UNION / "six" / "parts.npz") as six:
+        feeds = {k[5:]: z[k] for k in z.files if k.startswith("feed/")}
+        feeds.update({k[5:]: six[k] for k in six.files if k.startswith("feed/")})
+        want = {k[4:]: six[k] for k in six.files if k.startswith("out/")}
+    feeds["control_type_idx"] = feeds["control_type_idx"].astype(np.int64)
+    g = sdrt.Graph.load(net.graph).with_shapes({k: v.shape for k, v in feeds.items()})
+    with sdrt.load(g, weights=net.weights, backend=backend) as s:
+        got = s.run(feeds)
+    for k in want:
+        np.testing.assert_allclose(got[k], want[k], rtol=1e-4, atol=1e-4, err_msg=k)
+
+
 def _fast_backend(registry) -> str:
     return "openvino" if "openvino" in registry.backends else "reference"
 
 
-@pytest.mark.parametrize("case,mode,backend", [(0, "canny", "reference"), (0, "canny", "openvino"), (0, "canny", "ggml"),
+@pytest.mark.parametrize("case,mode,backend", [(0, "Lineart", "reference"), (0, "canny", "openvino"), (0, "canny", "ggml"),
                                                (1, 3, "openvino"), (2, "depth", "openvino")])
 def test_pipeline_with_the_union_file_gives_diffusers_image(case, mode, backend, tmp_path, backends):
     """diffusers' StableDiffusionXLControlNetUnionPipeline (control_mode=[3] at scale 1 and 0.5, [1] at 1) on the tiny
@@ -130,7 +162,7 @@ def test_pipeline_with_the_union_file_gives_diffusers_image(case, mode, backend,
                             sampler="Euler", seed=c["seed"], width=64, height=64)
     d = np.abs(gen.images[0].astype(int) - z[c["name"]][0].astype(int))
     assert d.max() <= 1, d.max()
-    assert f"Union Mode: {mode}" in gen.settings[0]["ControlNet 0"]
+    assert f"Union Mode: {c['mode']}" in gen.settings[0]["ControlNet 0"]  # the number, however it was asked
 
 
 def test_pipeline_refuses_a_union_unit_it_cannot_type(tmp_path, backends):
@@ -173,3 +205,24 @@ def test_cli_union_mode_by_name_and_the_missing_type_in_flags(tmp_path, capsys, 
     assert "--control-union-mode 'sketchy' is no control type" in err and "3 canny" in err, err
     assert main([*base, "--control-union-mode", "a b"]) == 1
     assert "must be a mode number (0, 1, ...) or a control type's name" in capsys.readouterr().err
+
+
+def test_two_union_units_with_cfg_1_and_guess_mode(tmp_path, backends):
+    """Each unit its own type (its own one-hot, at the rows the net runs: CFG 1, guess mode's cond rows)."""
+    from sdrt import pipelines
+    from sdrt.pipelines import ControlNet
+
+    z = np.load(UNION / "refs.npz")
+    net = open_controlnet(UNION / "diffusion_pytorch_model.safetensors", graph=_stripped(tmp_path))
+    units = [ControlNet(net, z["edges"], 0.7, union_mode="canny"),
+             ControlNet(net, z["edges"], 0.5, union_mode="depth", guess_mode=True)]
+    with pipelines.load(FOLDER, backend=_fast_backend(backends)) as pipe:
+        one = pipe.generate("a cat", controlnets=units, steps=2, cfg=1.0, sampler="Euler", seed=3, width=64, height=64)
+        seven = pipe.generate("a cat", controlnets=units, steps=2, cfg=7.0, sampler="Euler", seed=3, width=64,
+                              height=64)
+        canny = pipe.generate("a cat", controlnets=units[:1], steps=2, cfg=7.0, sampler="Euler", seed=3, width=64,
+                              height=64)
+    assert one.images[0].shape == seven.images[0].shape == (64, 64, 3)
+    assert np.abs(seven.images[0].astype(int) - canny.images[0].astype(int)).max() > 1  # the depth unit counts
+    info = seven.settings[0]
+    assert "Union Mode: 3" in info["ControlNet 0"] and "Union Mode: 1" in info["ControlNet 1"], info

@@ -104,5 +104,31 @@ def test_a_module_that_does_not_tell_the_type_is_one_line(server) -> None:
     r = _post(server, {"module": "none"})
     assert r.status_code == 400, r.text
     body = r.json()
-    assert "is a ControlNet Union" in body["message"] and "\n" not in body["message"], body
-    assert body["field"].startswith("alwayson_scripts.controlnet.args[0]"), body
+    assert "ControlNet Union" in body["message"] and "\n" not in body["message"], body
+    # in the request's words: the unit's module field, no pipeline argument (the request has no union_mode)
+    assert body["field"] == "alwayson_scripts.controlnet.args[0].module", body
+    assert "alwayson_scripts.controlnet.args[0].module 'none'" in body["message"], body
+    assert "union_mode" not in body["message"] and "controlnets[" not in body["message"], body
+
+
+def test_the_extensions_union_control_type_field_picks_the_type(server, models) -> None:
+    """sd-webui-controlnet's unit field union_control_type ("Depth", "Hard Edge", ...) is the type, over the module."""
+    r = _post(server, {"module": "canny", "threshold_a": 80, "threshold_b": 160, "processor_res": 64,
+                       "union_control_type": "Depth"})
+    assert r.status_code == 200, r.text
+    got = np.asarray(Image.open(io.BytesIO(base64.b64decode(r.json()["images"][0]))).convert("RGB"))
+    net = str(models / "ControlNet" / "tiny_union")
+    with pipelines.load(models / "tiny-xl", backend="openvino") as pipe:
+        unit = ControlNet(net, _photo(), 1.0, 0.0, 1.0, "canny", low=80, high=160, window="a1111", processor_res=64,
+                          union_mode="depth")
+        want = pipe.generate(PROMPT, controlnets=[unit], steps=4, width=64, height=64, seed=11, sampler="Euler",
+                             cfg=7).images[0]
+    assert np.array_equal(got, want)
+    assert "Union Mode: 1" in r.json()["info"]
+    assert "union_control_type" not in str(r.json().get("info")).split("Union Mode")[0]  # read, not noted as ignored
+    r = _post(server, {"module": "none", "union_control_type": "Hard Edge"})  # the field tells what the module does not
+    assert r.status_code == 200, r.text
+    r = _post(server, {"module": "canny", "union_control_type": "Sketch"})
+    assert r.status_code == 400, r.text
+    assert r.json()["field"] == "alwayson_scripts.controlnet.args[0].union_control_type", r.json()
+    assert "Soft Edge" in r.json()["message"], r.json()

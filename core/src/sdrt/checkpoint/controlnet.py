@@ -350,6 +350,31 @@ def reads_mask(path: Path) -> bool:
         any(k.startswith("context_embedder.") for k in entries)
 
 
+def names_union(path: Path) -> bool:
+    """Whether the ControlNet at ``path`` (a ``.safetensors`` file, a diffusers folder, an ONNX folder or file) is an
+    SDXL ControlNet Union: from the file's header, or the graph's ``control_type`` input (its weights not read)."""
+    onnx_file = path / "model.onnx" if path.is_dir() else path
+    if onnx_file.suffix.lower() == ".onnx" and onnx_file.is_file():
+        import onnx
+
+        try:
+            model = onnx.load(str(onnx_file), load_external_data=False)
+        except Exception:  # noqa: BLE001 - a broken graph: its own load says what is wrong
+            return False
+        return any(i.name == "control_type" for i in model.graph.input)
+    from ..weights.stfile import read_header
+    from .unioncontrolnet import is_union
+
+    weights = folder_file(path) if path.is_dir() else path
+    if weights is None or weights.suffix.lower() != ".safetensors":
+        return False
+    try:
+        entries, _ = read_header(weights)
+    except SdrtError:  # a broken file: its own load says what is wrong
+        return False
+    return is_union({k: tuple(e.shape) for k, e in entries.items()})
+
+
 def folder_file(folder: Path) -> Path | None:
     """The weights file of a diffusers ControlNet folder (``diffusion_pytorch_model.safetensors``, or its
     fp16 variant, or an older folder's ``.bin``), when the folder holds no ``model.onnx``."""

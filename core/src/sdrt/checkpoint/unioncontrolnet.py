@@ -58,19 +58,36 @@ def graph_for(types: int) -> Path:
         raise ModelError(f"a ControlNet Union with {types} control types", where=GRAPH,
                          fix="pass xinsir's controlnet-union-sdxl-1.0 (6 types) or its promax file (8)")
 
-    def edit(model) -> None:
-        g = model.graph
-        for t in g.initializer:
-            if t.name == "task_embedding":
-                t.dims[0] = types
-            elif t.name == "control_add_embedding.linear_1.weight":
-                t.dims[1] = 256 * types
-        for i in g.input:
-            if i.name == "control_type":
-                i.type.tensor_type.shape.dim[1].dim_value = types
+    return derived_graph(base, GRAPH, f"{types}types", lambda model: resize_types(model, types), [__file__],
+                         "ControlNet Union", "pass sdrt's shipped graph (no graph=)")
 
-    return derived_graph(base, GRAPH, f"{types}types", edit, [__file__], "ControlNet Union",
-                         "pass sdrt's shipped graph (no graph=)")
+
+def resize_types(model, types: int) -> None:
+    """Edit a weight-free union graph (an ``onnx.ModelProto``) to ``types`` control types: ``task_embedding``'s rows,
+    ``control_add_embedding.linear_1.weight``'s inputs, the ``control_type`` input's width, and the reshape of the
+    types' sinusoidal embeddings (``[-1, 256 * types]``) that feeds that linear layer."""
+    from onnx import numpy_helper
+
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    linear = "control_add_embedding.linear_1.weight"
+    width = inits[linear].dims[1] // inits["task_embedding"].dims[0]  # each type's embedding (256 at full size)
+    inits["task_embedding"].dims[0] = types
+    inits[linear].dims[1] = width * types
+    for i in g.input:
+        if i.name == "control_type":
+            i.type.tensor_type.shape.dim[1].dim_value = types
+    made = {o: n for n in g.node for o in n.output}
+    gemm = next((n for n in g.node if n.op_type in ("Gemm", "MatMul") and linear in n.input), None)
+    flat = made.get(gemm.input[0]) if gemm is not None else None
+    if flat is None or flat.op_type != "Reshape" or flat.input[1] not in inits:
+        raise ModelError("the ControlNet Union graph has no reshape of the control types' embeddings before "
+                         f"{linear}", where=GRAPH, fix="pass sdrt's shipped graph (no graph=)")
+    shape = numpy_helper.to_array(inits[flat.input[1]]).copy()
+    shape[-1] = width * types
+    name = f"{flat.input[1]}_{types}types"  # its own constant: the old one may shape another tensor too
+    g.initializer.append(numpy_helper.from_array(shape, name))
+    flat.input[1] = name
 
 
 def type_index(mode: object, types: int, preprocessor: str, where: str, arg: str) -> int:

@@ -827,7 +827,8 @@ def infotext(units: Sequence[ControlNet], width: int, height: int) -> dict[str, 
         if u.guess_mode:  # the extension turned guess_mode into "ControlNet is more important"; the scales are diffusers'
             items.append(("Guess Mode", "True"))
         if u.union_mode is not None or u.union_type is not None:  # a union net's control type
-            items.append(("Union Mode", str(u.union_mode if u.union_mode is not None else u.union_type)))
+            # the type's number, however it was asked ("canny", "Lineart", 3, the preprocessor): one run, one text
+            items.append(("Union Mode", str(u.union_type if u.union_type is not None else u.union_mode)))
         fields[f"ControlNet {k}"] = ", ".join(f"{a}: {b}" for a, b in items)
     return fields
 

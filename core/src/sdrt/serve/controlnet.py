@@ -178,7 +178,7 @@ _QUIET = frozenset("""enabled image input_image mask mask_image module model wei
 processor_res threshold_a threshold_b guidance_start guidance_end guidance pixel_perfect control_mode guess_mode
 guessmode hr_option save_detected_map inpaint_crop_input_image advanced_weighting is_ui input_mode batch_images
 output_dir loopback use_preview_as_input generated_image batch_image_dir batch_mask_dir batch_input_gallery
-batch_mask_gallery""".split())
+batch_mask_gallery union_control_type""".split())
 
 
 def module_list(alias_names: bool) -> list[str]:
@@ -369,6 +369,9 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         fields[f"controlnets[{len(out)}] preprocessor_models"] = f"{where}.module"
         made, reads = _unit(unit, where, registry, model, max_pixels, init_image, hires, notes, ControlNet, max_res)
         fields[f"controlnets[{len(out)}] control_mask"] = f"{where}.mask"
+        # an SDXL ControlNet Union's type the net has not (Tile on the 6-type file): the extension's field that gave it
+        fields[f"controlnets[{len(out)}] {{@union_mode}}"] = f"{where}.union_control_type"
+        fields[f"controlnets[{len(out)}] union_mode"] = f"{where}.union_control_type"
         # a resolution the pipeline refuses (a network's image too large at it): the slider that gave it
         fields[f"controlnets[{len(out)}] processor_res"] = f"{where}.{'pixel_perfect' if made.pixel_perfect else 'processor_res'}"
         out.append(made)
@@ -650,6 +653,20 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
             notes.append(f"{f('hr_option')}: {pre} runs on both passes of the hires fix, as the extension runs it; "
                          f"{HR_OPTIONS[hr]!r} was not used")
         hr = 0
+    told = _union_control_type(unit.get("union_control_type"), f("union_control_type"))
+    union_mode = None
+    if net is not None and net.owner is None and net.path.exists():
+        from ..checkpoint.controlnet import names_union
+        from ..checkpoint.unioncontrolnet import from_preprocessor
+
+        if (told is not None or from_preprocessor(pre) is None) and names_union(net.path):
+            if told is None:  # the type is the module's
+                raise ApiError(400, f"{f('module')} {pre!r} does not tell which control type the image is, and "
+                                    f"{f('model')} {net.name} is an SDXL ControlNet Union; send "
+                                    f"{f('union_control_type')} ({', '.join(_UNION_TYPES)}) or the module that made "
+                                    "the image (canny, depth_midas, openpose_full, softedge_pidinet, normal_bae, "
+                                    "seg_ofade20k, tile_resample, inpaint_only, ...)", field=f("module"))
+            union_mode = told  # the extension's field over the module, as its hook feeds it
     extra = {"preprocessor_models": pose_files(registry.models_dir, f("module"), pre)} if pre in WITH_MODELS else {}
     from ..pipelines.controlnet import names_instantid
 
@@ -662,8 +679,25 @@ def _unit(unit: dict[str, Any], where: str, registry: Registry, model: ModelEntr
                 hr_option=HR_OPTIONS[hr] if hires else HR_OPTIONS[0],
                 # InstantID's net by its name alone, as the extension tells the model type (not by the module: an
                 # instant_id_face_keypoints map sent to another net leaves that net reading the prompt)
-                face_tokens=None if net is None else names_instantid(net.path))
+                face_tokens=None if net is None else names_instantid(net.path), union_mode=union_mode)
     return made, reads
+
+
+#: sd-webui-controlnet's ``union_control_type`` values (its ``ControlNetUnionControlType``, xinsir's order) -> sdrt's
+#: control type names; "Unknown" (its default) leaves the type to the unit's module
+_UNION_TYPES = {"OpenPose": "openpose", "Depth": "depth", "Soft Edge": "softedge", "Hard Edge": "canny",
+                "Normal Map": "normal", "Segmentation": "segment", "Tile": "tile", "Inpaint": "inpaint"}
+
+
+def _union_control_type(value: Any, field: str) -> str | None:
+    """A unit's ``union_control_type`` as sdrt's type name, None when absent or "Unknown"; a 400 for another value."""
+    if value in (None, "", "Unknown"):
+        return None
+    for name, kind in _UNION_TYPES.items():
+        if isinstance(value, str) and value.strip().lower() == name.lower():
+            return kind
+    raise ApiError(400, f"{field} {str(value)[:40]!r} is no control type of a ControlNet Union; send one of: "
+                        f"{', '.join(_UNION_TYPES)}, Unknown (the unit's module tells it)", field=field)
 
 
 def pose_files(models: Path | None, field: str, pre: str = "dw_openpose_full") -> tuple[Path, ...]:
