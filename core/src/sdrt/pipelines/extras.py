@@ -361,6 +361,8 @@ class ToolboxMixin:
         unit = cn.ControlNet(nets[0], np.zeros((s.height, s.width, 3), np.uint8), 0.0)
         unit.part = self._control_part(unit.net, "controlnets")
         cn.check_net(unit.part, unet, "controlnets")
+        if "control_type" in unit.part.inputs:  # a ControlNet Union: any type (its output is scaled by 0)
+            unit.union_type = 0
         unit.control = self._control_tensor(unit, s.width, s.height, 0)
         return [unit]
 
