@@ -336,18 +336,25 @@ def _open_flux(p: Path, w: Weights, shapes: Mapping[str, tuple[int, ...]], ident
 def reads_mask(path: Path) -> bool:
     """Whether the ControlNet at ``path`` (its ``.safetensors``, or the diffusers folder holding it) is an SD3
     inpainting net (alimama's: 17 control channels), which reads a mask of its picture; from the file's header."""
+    shapes = _header_shapes(path)
+    emb = shapes.get("pos_embed_input.proj.weight") if shapes is not None else None
+    return emb is not None and len(emb) == 4 and int(emb[1]) == 17 and \
+        any(k.startswith("context_embedder.") for k in shapes or ())
+
+
+def _header_shapes(path: Path) -> dict[str, tuple[int, ...]] | None:
+    """The tensor shapes in the header of the ControlNet's ``.safetensors`` at ``path`` (the file, or the diffusers
+    folder holding it); None for another kind of file or a broken one (its own load says what is wrong)."""
     from ..weights.stfile import read_header
 
     weights = folder_file(path) if path.is_dir() else path
     if weights is None or weights.suffix.lower() != ".safetensors":
-        return False
+        return None
     try:
         entries, _ = read_header(weights)
-    except SdrtError:  # a broken file: its own load says what is wrong
-        return False
-    emb = entries.get("pos_embed_input.proj.weight")
-    return emb is not None and len(emb.shape) == 4 and int(emb.shape[1]) == 17 and \
-        any(k.startswith("context_embedder.") for k in entries)
+    except SdrtError:
+        return None
+    return {k: tuple(e.shape) for k, e in entries.items()}
 
 
 def names_union(path: Path) -> bool:
@@ -362,17 +369,10 @@ def names_union(path: Path) -> bool:
         except Exception:  # noqa: BLE001 - a broken graph: its own load says what is wrong
             return False
         return any(i.name == "control_type" for i in model.graph.input)
-    from ..weights.stfile import read_header
     from .unioncontrolnet import is_union
 
-    weights = folder_file(path) if path.is_dir() else path
-    if weights is None or weights.suffix.lower() != ".safetensors":
-        return False
-    try:
-        entries, _ = read_header(weights)
-    except SdrtError:  # a broken file: its own load says what is wrong
-        return False
-    return is_union({k: tuple(e.shape) for k, e in entries.items()})
+    shapes = _header_shapes(path)
+    return shapes is not None and is_union(shapes)
 
 
 def folder_file(folder: Path) -> Path | None:

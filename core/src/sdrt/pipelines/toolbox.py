@@ -116,36 +116,26 @@ def split(kwargs: dict[str, Any], schedule: str | None = None) -> tuple[dict[str
                                  "the run has no hires fix", where=f"controlnets[{k}] hr_option",
                                  fix="pass {@hires_scale} too, or leave hr_option 'Both'")
     from .refattn import is_reference
-
-    tb.units = list(tb.controlnets)
-    tb.references = [u for u in tb.controlnets if is_reference(u)]
-    if tb.references:
-        for u in tb.references:
-            u.guess_mode = False  # diffusers' guess mode scales residuals, which a reference unit has none of
-        tb.controlnets = [u for u in tb.controlnets if not is_reference(u)]
-        if guess and not tb.controlnets:
-            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are reference units, which "
-                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
     from .revision import is_revision
-
-    tb.revisions = [u for u in tb.controlnets if is_revision(u)]
-    if tb.revisions:  # sdrt.pipelines.revision: no net, no residuals
-        tb.controlnets = [u for u in tb.controlnets if not is_revision(u)]
-        if guess and not tb.controlnets:
-            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are revision units, which "
-                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
-        for u in tb.revisions:
-            u.guess_mode = False
     from .styleadapter import is_style
 
-    tb.styles = [u for u in tb.controlnets if is_style(u)]
-    if tb.styles:  # sdrt.pipelines.styleadapter: its net is the adapter, no residuals
-        tb.controlnets = [u for u in tb.controlnets if not is_style(u)]
-        if guess and not tb.controlnets:
-            raise InputError("{@guess_mode} scales ControlNet residuals, and the units are style adapter units, which "
-                             "have none", where="guess_mode", fix="leave {@guess_mode} out")
-        for u in tb.styles:
-            u.guess_mode = False
+    tb.units = list(tb.controlnets)
+
+    def take(which: Any, kind: str) -> list[Any]:
+        """The units ``which`` picks, out of ``controlnets``: they have no residuals for diffusers' guess mode."""
+        taken = [u for u in tb.controlnets if which(u)]
+        if taken:
+            tb.controlnets = [u for u in tb.controlnets if not which(u)]
+            if guess and not tb.controlnets:
+                raise InputError(f"{{@guess_mode}} scales ControlNet residuals, and the units are {kind} units, "
+                                 "which have none", where="guess_mode", fix="leave {@guess_mode} out")
+            for u in taken:
+                u.guess_mode = False
+        return taken
+
+    tb.references = take(is_reference, "reference")  # sdrt.pipelines.refattn
+    tb.revisions = take(is_revision, "revision")  # sdrt.pipelines.revision: no net
+    tb.styles = take(is_style, "style adapter")  # sdrt.pipelines.styleadapter: its net is the adapter
     from .t2iadapter import adapter_file
 
     tb.adapters = [u for k, u in enumerate(tb.controlnets)
