@@ -246,7 +246,7 @@ def test_no_enabled_unit_is_the_plain_picture(cn_server) -> None:
     ({"model": "controlnet", "weight": 10.5}, 400, "weight", "weight must be at most 10"),
     ({"model": "controlnet", "weight": -1}, 400, "weight", "weight must be at least 0"),
     ({"model": "controlnet", "guidance_start": 0.8, "guidance_end": 0.2}, 400, "guidance_start", "is after"),
-    ({"model": "controlnet", "module": "seg_ofade20k"}, 400, "module", "is not one of sdrt's"),
+    ({"model": "controlnet", "module": "seg_ofade20k"}, 400, "module", "needs OneFormer"),
     ({"model": "controlnet", "module": "inpaint_only+lama"}, 400, "module", "needs ControlNetLama.pth, found in"),
     ({"model": "controlnet", "module": "ip-adapter_face_id_portrait"}, 400, "module",
      "needs an IP-Adapter variant sdrt does not build"),

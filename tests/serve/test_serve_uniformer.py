@@ -104,3 +104,16 @@ def test_detect_anime_face_segment(server, root) -> None:
     assert r.status_code == 200, r.text
     got = _rgb(r.json()["images"][0])
     assert got.shape == (87, 64, 3) and np.array_equal(got, refs["map_64"])  # the extension's map
+
+
+@pytest.mark.parametrize("name", ["oneformer_ade20k", "seg_ofade20k", "oneformer_coco", "seg_ofcoco"])
+def test_the_oneformer_modules_name_what_runs_instead(name):
+    """The extension's default segmentation module is OneFormer's, which sdrt does not build: the 400 says so and
+    names UniFormer's module, not just the list of every module."""
+    from sdrt.serve.a1111 import ApiError
+    from sdrt.serve.controlnet import module
+
+    with pytest.raises(ApiError) as got:
+        module(name, "module")
+    text = str(got.value)
+    assert "OneFormer" in text and "seg_ufade20k" in text and "\n" not in text, text

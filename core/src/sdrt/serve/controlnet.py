@@ -158,7 +158,11 @@ _NEEDS = (("ip-adapter", "an IP-Adapter variant sdrt does not build (it runs the
                          "/ ip-adapter_clip_g)"),
           ("ipadapter", "an IP-Adapter variant sdrt does not build (it runs CLIP-ViT-H (IPAdapter) and "
                         "CLIP-ViT-bigG (IPAdapter))"),
-          ("pulid", "PuLID's face models"))
+          ("pulid", "PuLID's face models"),
+          ("oneformer", "OneFormer (multi-scale deformable attention: not built; module segmentation, the extension's "
+                        "seg_ufade20k, makes the ADE20k-coloured map with UniFormer)"),
+          ("seg_of", "OneFormer (multi-scale deformable attention: not built; seg_ufade20k, the extension's module "
+                     "segmentation, makes the ADE20k-coloured map with UniFormer)"))
 #: the extension's (and Forge's) IP-Adapter modules sdrt runs: the CLIP ViT-H/14 image encoder
 #: (``ip-adapter_clip_sdxl_plus_vith`` is the extension's name for it with ``ip-adapter_sdxl_vit-h``) and OpenCLIP
 #: ViT-bigG/14 (``ip-adapter_clip_g``, ``ip-adapter_clip_sdxl`` before the extension renamed it)
