@@ -124,6 +124,11 @@ def is_software_driver(description: str) -> bool:
     return any(name in low for name in SOFTWARE_DRIVERS)
 
 
+def gemm_label(nat: Any) -> str:
+    """The native GEMM's float32 ISA, and ``amx-bf16`` where the bf16 products run on AMX tiles."""
+    return f"{nat.isa}, amx-bf16" if nat.bf16_kernel_name == "amx-bf16" else nat.isa
+
+
 def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:
     """What `sdrt info` prints after the CPU's name: which float32 GEMM the CPU device runs.
 
@@ -134,8 +139,9 @@ def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:
     props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
     nat = native.native()
     props["native_gemm"] = nat.isa if nat is not None else None
+    props["bf16_kernel"] = nat.bf16_kernel_name if nat is not None else None
     if nat is not None:
-        return f", sdrt GEMM ({nat.isa})"
+        return f", sdrt GEMM ({gemm_label(nat)})"
     if props["tinyblas"]:
         return ", tinyBLAS GEMM (sdrt GEMM not loaded: see the log)"
     return ", no fast GEMM: slow build (see sdrt-ggml's README)"
