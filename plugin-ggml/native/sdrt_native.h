@@ -214,8 +214,9 @@ typedef struct sdrt_bf16_kernels_ {
     sdrt_bkernel_fn kern[17];
     /* rows m of float A (k floats each, row stride lda) -> bf16 pairs dst[i*ld2 + p], p < ceil(k / 2) */
     void (*cvt_rows)(int m, int k, const float *a, ptrdiff_t lda, uint32_t *dst, ptrdiff_t ld2);
-    /* a float panel of `rows` rows ([half][rows][16]) -> a bf16 panel of ceil(rows / 2) pairs */
-    void (*cvt_panel)(int rows, const float *src, uint16_t *dst);
+    /* a float panel of `rows` rows ([half][rows][16]) -> ceil(rows / 2) pair rows of a bf16 panel, its first half
+     * at dst, its second dst_half uint16 on */
+    void (*cvt_panel)(int rows, const float *src, uint16_t *dst, ptrdiff_t dst_half);
     /* the whole blocked product (sdrt_block_bf16's arguments) where the ISA has its own (AMX tiles, amx.c);
      * NULL: sdrt_block_bf16 runs kern[] tile by tile */
     void (*block)(const struct sdrt_bf16_kernels_ *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda,

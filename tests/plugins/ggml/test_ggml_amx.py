@@ -20,8 +20,10 @@ def nat():
     n = native.native()
     assert n is not None, f"native kernels not loaded: {native.unavailable_reason()}"
     if not n.amx_available:
-        pytest.skip("no AMX-BF16 tiles here (CPU without AMX-TILE/AMX-BF16, an OS that does not grant them, or a "
-                    "build without AMX support): the bf16 products run on vdpbf16ps or widen to float32")
+        pytest.skip(
+            "no AMX-BF16 tiles here (CPU without AMX-TILE/AMX-BF16, an OS that does not grant them, or a "
+            "build without AMX support): the bf16 products run on vdpbf16ps or widen to float32"
+        )
     n.set_isa(None)
     yield n
     n.set_amx(None)
@@ -51,12 +53,23 @@ def _run(nat, outs, threads: int, ctx, amx: bool) -> list[np.ndarray]:
     for t, _ in outs:
         ggml.ggml_build_forward_expand(gf, t)
     ggml.ggml_graph_compute_with_ctx(ctx, gf, threads)
-    return [np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(t), ctypes.POINTER(ctypes.c_float)),
-                                  shape=shape).copy() for t, shape in outs]
+    return [
+        np.ctypeslib.as_array(ctypes.cast(ggml.ggml_get_data(t), ctypes.POINTER(ctypes.c_float)), shape=shape).copy()
+        for t, shape in outs
+    ]
 
 
-GEMM_SHAPES = [(1, 1, 1), (16, 32, 32), (32, 64, 64), (33, 40, 37), (47, 70, 67), (31, 33, 1031), (77, 100, 768),
-               (130, 64, 600), (5, 17, 3)]
+GEMM_SHAPES = [
+    (1, 1, 1),
+    (16, 32, 32),
+    (32, 64, 64),
+    (33, 40, 37),
+    (47, 70, 67),
+    (31, 33, 1031),
+    (77, 100, 768),
+    (130, 64, 600),
+    (5, 17, 3),
+]
 
 
 @pytest.mark.parametrize("m,n,k", GEMM_SHAPES)
@@ -78,10 +91,25 @@ def test_gemm_on_tiles_matches_the_rounded_product(nat, m, n, k, trans):
         outs = []
         for i, (act, lo, hi) in enumerate(acts):
             # every other op with the residual, the last without the bias
-            ops = dict(res=tr if i % 2 else None, act=native._tensor(ggml, g, native.act_params(act, lo, hi), np.int32)
-                       if act else None)
-            y = native.gemm_op(nat, ggml, g, ta, tw, tb if i < 4 else None, m=m, n=n, trans=trans, packed=True,
-                               bf16=True, state=native.state_tensor(ggml, g), **ops)
+            ops = dict(
+                res=tr if i % 2 else None,
+                act=native._tensor(ggml, g, native.act_params(act, lo, hi), np.int32) if act else None,
+            )
+            y = native.gemm_op(
+                nat,
+                ggml,
+                g,
+                ta,
+                tw,
+                tb if i < 4 else None,
+                m=m,
+                n=n,
+                trans=trans,
+                packed=True,
+                bf16=True,
+                state=native.state_tensor(ggml, g),
+                **ops,
+            )
             outs.append((y, (n, m) if trans else (m, n)))
         for threads in (1, 3):
             got = _run(nat, outs, threads, g, amx=True)
@@ -104,7 +132,7 @@ def _im2col(x: np.ndarray, kh: int, kw: int, s: int, p: int, d: int) -> tuple[np
     cols = np.empty((c, kh, kw, oh, ow))
     for i in range(kh):
         for j in range(kw):
-            cols[:, i, j] = xp[:, i * d: i * d + s * (oh - 1) + 1: s, j * d: j * d + s * (ow - 1) + 1: s]
+            cols[:, i, j] = xp[:, i * d : i * d + s * (oh - 1) + 1 : s, j * d : j * d + s * (ow - 1) + 1 : s]
     return cols.reshape(c * kh * kw, oh * ow), oh, ow
 
 
@@ -137,10 +165,22 @@ def test_packed_conv_on_tiles_matches_the_rounded_product(nat, c, h, w, oc, k, s
         tb, trb, tres = (native._tensor(ggml, g, v) for v in (bias, rbias, res))
         outs = []
         for act, lo, hi, extra in cases:
-            prm = native._tensor(ggml, g, native.conv_params(k, k, (s, s), (d, d), p, p, act=act, lo=lo, hi=hi,
-                                                             bf16=True), np.int32)
-            y = native.conv_op(nat, ggml, g, tx, tw, prm, native.state_tensor(ggml, g), tb, trb if extra else None,
-                               tres if extra else None, out_ne=(ow, oh, oc, n))
+            prm = native._tensor(
+                ggml, g, native.conv_params(k, k, (s, s), (d, d), p, p, act=act, lo=lo, hi=hi, bf16=True), np.int32
+            )
+            y = native.conv_op(
+                nat,
+                ggml,
+                g,
+                tx,
+                tw,
+                prm,
+                native.state_tensor(ggml, g),
+                tb,
+                trb if extra else None,
+                tres if extra else None,
+                out_ne=(ow, oh, oc, n),
+            )
             outs.append((y, (n, oc, oh, ow)))
         for threads in (1, 2):
             got = _run(nat, outs, threads, g, amx=True)
