@@ -302,6 +302,7 @@ static int a_aliases(ptrdiff_t lda, int mr) {
 
 typedef struct {
     int kblocks, tiles_m, mblocks, panels, group, groups, copy_a;
+    int whole16; /* M blocks of whole 16-row tiles (AMX: no partial tile but the last): tiles_m counts them */
 } split;
 
 /* the blocking of one product for nth threads (see the top of this file) */
@@ -314,8 +315,11 @@ static split split_of(const gemm2d *p, const sdrt_isa_kernels *kk, int nth, long
     const int kc_isa = p->K >= LARGE_K && kk == sdrt_kernels_avx512() ? kk->kc / 2 : kk->kc;
     s.kblocks = (p->K + kc_isa - 1) / kc_isa;
     const int kc = (p->K + s.kblocks - 1) / s.kblocks;
-    s.tiles_m = (p->M + kk->mr_max - 1) / kk->mr_max;
-    int mc_tiles = (int)(L2_A_BYTES / ((size_t)kc * sizeof(float) * (size_t)kk->mr_max));
+    const sdrt_bf16_kernels *bk = p->b_bf16 ? sdrt_kernels_bf16() : NULL;
+    s.whole16 = bk && bk->block;
+    const int mr = s.whole16 ? 16 : kk->mr_max;
+    s.tiles_m = (p->M + mr - 1) / mr;
+    int mc_tiles = (int)(L2_A_BYTES / ((size_t)kc * sizeof(float) * (size_t)mr));
     mc_tiles = mc_tiles < 1 ? 1 : mc_tiles;
     s.mblocks = (s.tiles_m + mc_tiles - 1) / mc_tiles;
     s.panels = (p->N + SDRT_NR - 1) / SDRT_NR;
@@ -388,7 +392,11 @@ static int run_unit_bf16(const gemm2d *p, const sdrt_isa_kernels *kk, const spli
 static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u) {
     const int mb = (int)(u / s->groups), g = (int)(u % s->groups);
     const int t0 = (int)((long)mb * s->tiles_m / s->mblocks), t1 = (int)((long)(mb + 1) * s->tiles_m / s->mblocks);
-    const int m0 = (int)((long)t0 * p->M / s->tiles_m), m1 = (int)((long)t1 * p->M / s->tiles_m);
+    int m0 = (int)((long)t0 * p->M / s->tiles_m), m1 = (int)((long)t1 * p->M / s->tiles_m);
+    if (s->whole16) {
+        m0 = 16 * t0 < p->M ? 16 * t0 : p->M;
+        m1 = 16 * t1 < p->M ? 16 * t1 : p->M;
+    }
     const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
     if (m1 <= m0)
         return 0;
