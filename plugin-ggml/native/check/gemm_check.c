@@ -86,19 +86,34 @@ static int check(int isa, int M, int N, int K) {
     return fails;
 }
 
+/* an epilogue's operands: a random residual R and the output C (M x N each), activation a_id as the op's int32
+ * [act, lo, hi] */
+typedef struct {
+    float *r, *c;
+    float lo, hi;
+    int32_t acts[3];
+} epilogue_case;
+
+static epilogue_case epilogue_of(int M, int N, int a_id) {
+    epilogue_case e = {malloc(sizeof(float) * M * N), malloc(sizeof(float) * M * N), a_id == 2 ? -0.5f : 1.702f, 0.7f,
+                       {a_id, 0, 0}};
+    memcpy(e.acts + 1, &e.lo, sizeof e.lo);
+    memcpy(e.acts + 2, &e.hi, sizeof e.hi);
+    for (int i = 0; i < M * N; i++)
+        e.r[i] = rnd();
+    return e;
+}
+
 /* C = act(A . B + bias + R) through sdrt_gemm_op (packed B, shared counter), both output orders */
 static int check_epilogue(int isa, int M, int N, int K, int a_id) {
     const int P = (N + 31) / 32;
     operands op = operands_of(M, N, K);
     const float *a = op.a, *w = op.w, *bias = op.bias;
-    float *r = malloc(sizeof(float) * M * N), *c = malloc(sizeof(float) * M * N);
-    const float lo = a_id == 2 ? -0.5f : 1.702f, hi = 0.7f;
-    int32_t acts[3] = {a_id, 0, 0}, state[4] = {0, 0, 0, 0};
-    memcpy(acts + 1, &lo, sizeof lo);
-    memcpy(acts + 2, &hi, sizeof hi);
+    epilogue_case e = epilogue_of(M, N, a_id);
+    float *r = e.r, *c = e.c;
+    const float lo = e.lo, hi = e.hi;
+    int32_t *acts = e.acts, state[4] = {0, 0, 0, 0};
     int fails = 0;
-    for (int i = 0; i < M * N; i++)
-        r[i] = rnd();
     sdrt_gemm_set_isa(isa);
     for (int trans = 0; trans < 2; trans++)
         for (int nth = 1; nth <= 4; nth++) {
@@ -155,14 +170,11 @@ static int check_bf16(int M, int N, int K, int a_id) {
     for (int n = 0; n < N; n++)
         for (int k = 0; k < K; k++)
             bp[(((size_t)(n / 32) * 2 + n % 32 / 16) * K2 + k / 2) * 32 + (n % 16) * 2 + k % 2] = bf16(op.w[n * K + k]);
-    float *r = malloc(sizeof(float) * M * N), *c = malloc(sizeof(float) * M * N);
-    const float lo = a_id == 2 ? -0.5f : 1.702f, hi = 0.7f;
-    int32_t acts[3] = {a_id, 0, 0}, state[4] = {0, 0, 0, 0};
-    memcpy(acts + 1, &lo, sizeof lo);
-    memcpy(acts + 2, &hi, sizeof hi);
+    epilogue_case e = epilogue_of(M, N, a_id);
+    float *r = e.r, *c = e.c;
+    const float lo = e.lo, hi = e.hi;
+    int32_t *acts = e.acts, state[4] = {0, 0, 0, 0};
     int fails = 0;
-    for (int i = 0; i < M * N; i++)
-        r[i] = rnd();
     for (int trans = 0; trans < 2; trans++)
         for (int nth = 1; nth <= 3; nth += 2) {
             tensor ta = dense(op.a, K, M, 1, 1), tb = dense(bp, 32, K2, 2 * P, 1), tbias = dense(op.bias, N, 1, 1, 1);
