@@ -88,7 +88,7 @@ def list_devices() -> list[Device]:
 #: 178 ms, in one run, the tiny SD 1.5 / SD 2 images within 46.6 / 48.0 dB of float32 (docs/ggml.md, "Precision
 #: and memory"). ggml's own bf16 mul_mat (no tinyBLAS in this build) was 1.4-4.2x slower than fp32: without the
 #: native kernels, or with another GEMM ISA pinned, the default stays fp32. On an Intel Xeon (Sapphire Rapids, AMX)
-#: the bf16 products run on AMX tiles (native/amx.c): bf16 took 0.35-0.8x fp32's time there (docs/ggml.md, "AMX
+#: the bf16 products run on AMX tiles (native/amx.c): bf16 took 0.28-0.9x fp32's time there (docs/ggml.md, "AMX
 #: tiles"); with the tiles turned off (SDRT_GGML_AMX=0) its vdpbf16ps kernels were slower than fp32
 CPU_BF16_FASTER = True
 #: the same for GPUs (fp16). Measured on a lent H200 (ggml's CUDA build, docs/plan.md "On a GPU"): fp16 took 0.70-1.38 x
