@@ -99,6 +99,12 @@ SDRT_EXPORT int sdrt_gemm_isa_nr(int isa) {
 /* whether bf16 products run on vdpbf16ps now (1), or widen the bf16 operand to float32 (0) */
 SDRT_EXPORT int sdrt_bf16_active(void) { return sdrt_kernels_bf16() != NULL; }
 
+/* the bf16 products' kernels now: "amx-bf16" (AMX tiles), "avx512bf16" (vdpbf16ps), or "none" (widened to float32) */
+SDRT_EXPORT const char *sdrt_bf16_kernel_name(void) {
+    const sdrt_bf16_kernels *bk = sdrt_kernels_bf16();
+    return bk ? bk->name : "none";
+}
+
 SDRT_EXPORT int sdrt_gemm_active_isa(void) {
     if (active_isa == SDRT_ISA_AUTO)
         active_isa = best_isa();
@@ -123,33 +129,6 @@ float *sdrt_thread_buffer(int slot, size_t bytes) {
 }
 
 /* ---- the blocked product ---------------------------------------------------------------- */
-/* A kernel call's output, columns n0.. (at most nr of them) of the block's: what every row tile shares */
-static inline sdrt_tile_out tile_out_cols(const sdrt_block_out *out, int n0, int nr, int acc, int last) {
-    sdrt_tile_out o;
-    o.ldc = out->ldc;
-    o.trans = out->trans;
-    o.n = out->n - n0 < nr ? out->n - n0 : nr;
-    o.bias = out->bias ? out->bias + n0 : NULL;
-    o.acc = acc;
-    o.last = last;
-    o.ldres = out->ldres;
-    o.ep = out->ep;
-    o.pfb = NULL;
-    o.pfb_half = 0;
-    o.pfb_rows = 0;
-    return o;
-}
-
-/* ... and its rows m0..m1: where they land in C (and the residual), and their row bias */
-static inline void tile_out_rows(sdrt_tile_out *o, const sdrt_block_out *out, int n0, int m0, int m1) {
-    o->m = m1 - m0;
-    o->rbias = out->rbias ? out->rbias + m0 : NULL;
-    o->c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
-    o->res = !out->res ? NULL
-             : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
-                          : out->res + (ptrdiff_t)m0 * out->ldres + n0;
-}
-
 void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdiff_t lda, const float *b,
                 ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
     const int mr = kk->mr_max, nr = kk->nr;
@@ -160,12 +139,12 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
          * the call) is paid once a tile instead of once a slice */
         const int cols = panels * SDRT_NR < out->n ? panels * SDRT_NR : out->n;
         const int slices = (cols + nr - 1) / nr;
-        sdrt_tile_out o = tile_out_cols(out, 0, cols, acc, last);
+        sdrt_tile_out o = sdrt_tile_out_cols(out, 0, cols, acc, last);
         sdrt_split ts = sdrt_split_of(m, tiles);
         for (int t = 0, m1 = 0; t < tiles; t++) {
             const int m0 = m1;
             m1 = sdrt_split_next(&ts);
-            tile_out_rows(&o, out, 0, m0, m1);
+            sdrt_tile_out_rows(&o, out, 0, m0, m1);
             const float *pf = t + 1 < tiles ? a + (ptrdiff_t)m1 * lda : a;
             kk->mkern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, b, pstride, slices, &o, pf);
         }
@@ -186,7 +165,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
             if (n0 >= out->n)
                 return;
             const float *bs = b + (ptrdiff_t)q * pstride + (h ? half : 0);
-            sdrt_tile_out o = tile_out_cols(out, n0, nr, acc, last);
+            sdrt_tile_out o = sdrt_tile_out_cols(out, n0, nr, acc, last);
             sdrt_split ts = sdrt_split_of(m, tiles);
             int m1 = 0, m2 = sdrt_split_next(&ts);
             for (int t = 0; t < tiles; t++) {
@@ -206,7 +185,7 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
                         }
                     r0 = r1;
                 }
-                tile_out_rows(&o, out, n0, m0, m1);
+                sdrt_tile_out_rows(&o, out, n0, m0, m1);
                 /* prefetch the next tile's rows (the first tile's for the last: the next slice's) */
                 const float *pf = t + 1 < tiles && m2 > m1 ? a + (ptrdiff_t)m1 * lda : a;
                 kk->kern[o.m](k, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o, pf);
@@ -218,6 +197,10 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
 /* ---- the blocked bf16 product ------------------------------------------------------------ */
 void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b,
                      ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last) {
+    if (bk->block) {
+        bk->block(bk, m, k2, a, lda, b, pstride, panels, out, acc, last);
+        return;
+    }
     const int mr = bk->mr_max, tiles = (m + mr - 1) / mr;
     const ptrdiff_t half = pstride / 2;
     for (int q = 0; q < panels; q++) {
@@ -230,7 +213,7 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
         sdrt_split rows = sdrt_split_of(k2, tiles);
         int r0 = 0;
         const uint16_t *bs = b + (ptrdiff_t)q * pstride;
-        sdrt_tile_out o = tile_out_cols(out, n0, SDRT_BF16_NR, acc, last);
+        sdrt_tile_out o = sdrt_tile_out_cols(out, n0, SDRT_BF16_NR, acc, last);
         sdrt_split ts = sdrt_split_of(m, tiles);
         for (int t = 0, m1 = 0; t < tiles; t++) {
             const int m0 = m1;
@@ -242,7 +225,7 @@ void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t 
                 o.pfb_rows = r1 - r0;
                 r0 = r1;
             }
-            tile_out_rows(&o, out, n0, m0, m1);
+            sdrt_tile_out_rows(&o, out, n0, m0, m1);
             bk->kern[o.m](k2, a + (ptrdiff_t)m0 * lda, lda, bs, half, &o);
         }
     }
@@ -319,6 +302,7 @@ static int a_aliases(ptrdiff_t lda, int mr) {
 
 typedef struct {
     int kblocks, tiles_m, mblocks, panels, group, groups, copy_a;
+    int whole16; /* M blocks of whole 16-row tiles (AMX: no partial tile but the last): tiles_m counts them */
 } split;
 
 /* the blocking of one product for nth threads (see the top of this file) */
@@ -331,8 +315,11 @@ static split split_of(const gemm2d *p, const sdrt_isa_kernels *kk, int nth, long
     const int kc_isa = p->K >= LARGE_K && kk == sdrt_kernels_avx512() ? kk->kc / 2 : kk->kc;
     s.kblocks = (p->K + kc_isa - 1) / kc_isa;
     const int kc = (p->K + s.kblocks - 1) / s.kblocks;
-    s.tiles_m = (p->M + kk->mr_max - 1) / kk->mr_max;
-    int mc_tiles = (int)(L2_A_BYTES / ((size_t)kc * sizeof(float) * (size_t)kk->mr_max));
+    const sdrt_bf16_kernels *bk = p->b_bf16 ? sdrt_kernels_bf16() : NULL;
+    s.whole16 = bk && bk->block;
+    const int mr = s.whole16 ? 16 : kk->mr_max;
+    s.tiles_m = (p->M + mr - 1) / mr;
+    int mc_tiles = (int)(L2_A_BYTES / ((size_t)kc * sizeof(float) * (size_t)mr));
     mc_tiles = mc_tiles < 1 ? 1 : mc_tiles;
     s.mblocks = (s.tiles_m + mc_tiles - 1) / mc_tiles;
     s.panels = (p->N + SDRT_NR - 1) / SDRT_NR;
@@ -405,7 +392,11 @@ static int run_unit_bf16(const gemm2d *p, const sdrt_isa_kernels *kk, const spli
 static int run_unit(const gemm2d *p, const sdrt_isa_kernels *kk, const split *s, long u) {
     const int mb = (int)(u / s->groups), g = (int)(u % s->groups);
     const int t0 = (int)((long)mb * s->tiles_m / s->mblocks), t1 = (int)((long)(mb + 1) * s->tiles_m / s->mblocks);
-    const int m0 = (int)((long)t0 * p->M / s->tiles_m), m1 = (int)((long)t1 * p->M / s->tiles_m);
+    int m0 = (int)((long)t0 * p->M / s->tiles_m), m1 = (int)((long)t1 * p->M / s->tiles_m);
+    if (s->whole16) {
+        m0 = 16 * t0 < p->M ? 16 * t0 : p->M;
+        m1 = 16 * t1 < p->M ? 16 * t1 : p->M;
+    }
     const int pan0 = g * s->group, pan1 = pan0 + s->group < s->panels ? pan0 + s->group : s->panels;
     if (m1 <= m0)
         return 0;

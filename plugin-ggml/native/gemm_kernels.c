@@ -829,14 +829,14 @@ static TARGET_BF16 void cvt_rows_bf16(int m, int k, const float *a, ptrdiff_t ld
 
 /* a float panel [half][rows][16] -> bf16 [half][ceil(rows / 2)][16][2]: two rows a step converted
  * together, then their columns interleaved (the pair of each column side by side) */
-static TARGET_BF16 void cvt_panel_bf16(int rows, const float *src, uint16_t *dst) {
+static TARGET_BF16 void cvt_panel_bf16(int rows, const float *src, uint16_t *dst, ptrdiff_t dst_half) {
     static const uint16_t inter[32] = {0, 16, 1, 17, 2, 18, 3, 19, 4, 20, 5, 21, 6, 22, 7, 23,
                                        8, 24, 9, 25, 10, 26, 11, 27, 12, 28, 13, 29, 14, 30, 15, 31};
     const __m512i idx = _mm512_loadu_si512((const void *)inter);
     const int k2 = (rows + 1) / 2;
     for (int h = 0; h < 2; h++) {
         const float *s = src + (ptrdiff_t)h * rows * SDRT_HALF;
-        uint16_t *d = dst + (ptrdiff_t)h * k2 * SDRT_BF16_NR;
+        uint16_t *d = dst + h * dst_half;
         for (int p = 0; p < k2; p++) {
             const __m512 r0 = _mm512_loadu_ps(s + (ptrdiff_t)2 * p * SDRT_HALF);
             const __m512 r1 = 2 * p + 1 < rows ? _mm512_loadu_ps(s + (ptrdiff_t)(2 * p + 1) * SDRT_HALF) : _mm512_setzero_ps();
@@ -846,10 +846,18 @@ static TARGET_BF16 void cvt_panel_bf16(int rows, const float *src, uint16_t *dst
     }
 }
 
-static const sdrt_bf16_kernels bf16k = {
-    "avx512bf16", 14, 256,
-    {NULL, kbf_1, kbf_2, kbf_3, kbf_4, kbf_5, kbf_6, kbf_7, kbf_8, kbf_9, kbf_10, kbf_11, kbf_12, kbf_13, kbf_14},
-    cvt_rows_bf16, cvt_panel_bf16};
+#define KBF_ALL {NULL, kbf_1, kbf_2, kbf_3, kbf_4, kbf_5, kbf_6, kbf_7, kbf_8, kbf_9, kbf_10, kbf_11, kbf_12, kbf_13, kbf_14}
+static const sdrt_bf16_kernels bf16k = {"avx512bf16", 14, 256, KBF_ALL, cvt_rows_bf16, cvt_panel_bf16, NULL};
+
+#if defined(SDRT_HAVE_AMX)
+/* AMX: the same conversions; the products on tiles (amx.c), whose epilogue is store512's */
+static const sdrt_bf16_kernels amxk = {"amx-bf16", 14, 256, KBF_ALL, cvt_rows_bf16, cvt_panel_bf16,
+                                       sdrt_amx_block_bf16};
+
+void TARGET_AVX512 sdrt_store512_16(const float *c0, const float *c1, const sdrt_tile_out *o) {
+    store512((const __m512 *)(const void *)c0, (const __m512 *)(const void *)c1, 16, o);
+}
+#endif
 #endif
 
 const sdrt_bf16_kernels *sdrt_kernels_bf16(void) {
@@ -857,7 +865,13 @@ const sdrt_bf16_kernels *sdrt_kernels_bf16(void) {
     static int has = -1;
     if (has < 0)
         has = sdrt_cpu_has(SDRT_ISA_AVX512) && sdrt_cpu_has_bf16();
-    return has && sdrt_active_kernels() == &avx512 ? &bf16k : NULL;
+    if (!has || sdrt_active_kernels() != &avx512)
+        return NULL;
+#if defined(SDRT_HAVE_AMX)
+    if (sdrt_amx_enabled())
+        return &amxk;
+#endif
+    return &bf16k;
 #else
     return NULL;
 #endif

@@ -206,15 +206,22 @@ const sdrt_isa_kernels *sdrt_active_kernels(void);
  * second half bh uint16 on) */
 typedef void (*sdrt_bkernel_fn)(int K2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b, ptrdiff_t bh,
                                 const sdrt_tile_out *o);
-typedef struct {
+struct sdrt_block_out_;
+typedef struct sdrt_bf16_kernels_ {
     const char *name;
     int mr_max;
     int kc2; /* longest block of K, in pairs */
     sdrt_bkernel_fn kern[17];
     /* rows m of float A (k floats each, row stride lda) -> bf16 pairs dst[i*ld2 + p], p < ceil(k / 2) */
     void (*cvt_rows)(int m, int k, const float *a, ptrdiff_t lda, uint32_t *dst, ptrdiff_t ld2);
-    /* a float panel of `rows` rows ([half][rows][16]) -> a bf16 panel of ceil(rows / 2) pairs */
-    void (*cvt_panel)(int rows, const float *src, uint16_t *dst);
+    /* a float panel of `rows` rows ([half][rows][16]) -> ceil(rows / 2) pair rows of a bf16 panel, its first half
+     * at dst, its second dst_half uint16 on */
+    void (*cvt_panel)(int rows, const float *src, uint16_t *dst, ptrdiff_t dst_half);
+    /* the whole blocked product (sdrt_block_bf16's arguments) where the ISA has its own (AMX tiles, amx.c);
+     * NULL: sdrt_block_bf16 runs kern[] tile by tile */
+    void (*block)(const struct sdrt_bf16_kernels_ *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda,
+                  const uint16_t *b, ptrdiff_t pstride, int panels, const struct sdrt_block_out_ *out, int acc,
+                  int last);
 } sdrt_bf16_kernels;
 /* the bf16 kernels, or NULL when this build or this CPU lacks AVX-512-BF16, or the active float32
  * ISA is not AVX-512 (SDRT_GGML_GEMM_ISA pins another: the products then widen bf16 to float32) */
@@ -237,7 +244,7 @@ void sdrt_widen_panels(const uint16_t *b, ptrdiff_t pstride, int k2, int panels,
 void sdrt_store_tile(const float *tile, int ld_tile, const sdrt_tile_out *o);
 
 /* ---- the blocked product over packed panels (gemm.c; the GEMM op and the conv use it) ------ */
-typedef struct {
+typedef struct sdrt_block_out_ {
     float *c;           /* C at (row 0, column 0) of the block */
     ptrdiff_t ldc;
     int trans;          /* c[j*ldc + i] instead of c[i*ldc + j] */
@@ -263,6 +270,53 @@ void sdrt_block(const sdrt_isa_kernels *kk, int m, int k, const float *a, ptrdif
  * `panels` bf16 panels pstride uint16 apart (second half pstride / 2 on) */
 void sdrt_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda, const uint16_t *b,
                      ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
+
+/* A kernel call's output, columns n0.. (at most nr of them) of the block's: what every row tile shares */
+static inline sdrt_tile_out sdrt_tile_out_cols(const sdrt_block_out *out, int n0, int nr, int acc, int last) {
+    sdrt_tile_out o;
+    o.ldc = out->ldc;
+    o.trans = out->trans;
+    o.n = out->n - n0 < nr ? out->n - n0 : nr;
+    o.bias = out->bias ? out->bias + n0 : NULL;
+    o.acc = acc;
+    o.last = last;
+    o.ldres = out->ldres;
+    o.ep = out->ep;
+    o.pfb = NULL;
+    o.pfb_half = 0;
+    o.pfb_rows = 0;
+    return o;
+}
+
+/* ... and its rows m0..m1: where they land in C (and the residual), and their row bias */
+static inline void sdrt_tile_out_rows(sdrt_tile_out *o, const sdrt_block_out *out, int n0, int m0, int m1) {
+    o->m = m1 - m0;
+    o->rbias = out->rbias ? out->rbias + m0 : NULL;
+    o->c = out->trans ? out->c + (ptrdiff_t)n0 * out->ldc + m0 : out->c + (ptrdiff_t)m0 * out->ldc + n0;
+    o->res = !out->res ? NULL
+             : out->trans ? out->res + (ptrdiff_t)n0 * out->ldres + m0
+                          : out->res + (ptrdiff_t)m0 * out->ldres + n0;
+}
+
+/* ---- AMX-BF16 tiles (amx.c) --------------------------------------------------------------------
+ * The bf16 products on AMX (tdpbf16ps: a 16 x 16 float32 tile += 16 rows of 16 A pairs . 16 pair rows of B,
+ * 16 x 16 x 32 multiply-adds an instruction). The bf16 operands need no other layout: a pair row of a bf16 panel's
+ * half (64 bytes) is a B tile's row, and A's pair rows (lda uint32 apart) are an A tile's rows. Built with GCC 11 /
+ * Clang 12 on, on x86-64 Linux (the OS grants the tile state to a process that asks: arch_prctl). */
+#if defined(SDRT_X86) && defined(__x86_64__) && defined(__linux__) &&                                        \
+    ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12))
+#define SDRT_HAVE_AMX 1
+/* the blocked bf16 product on tiles (sdrt_block_bf16's arguments; bk unused) */
+void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda,
+                         const uint16_t *b, ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
+/* a 16 x 32 float tile (rows of columns 0-15 at c0 + 16 i, of 16-31 at c1 + 16 i, 64-byte aligned) to its place
+ * in C through the AVX-512 kernels' epilogue (gemm_kernels.c) */
+void sdrt_store512_16(const float *c0, const float *c1, const sdrt_tile_out *o);
+#endif
+/* whether the CPU and the OS have AMX-BF16 tiles for this process (asking the OS for them the first time) */
+int sdrt_amx_available(void);
+/* whether the bf16 products use them now: available, and not turned off (SDRT_GGML_AMX=0, sdrt_amx_set) */
+int sdrt_amx_enabled(void);
 
 /* the scalar epilogue of one value (sdrt_store_tile and the scalar paths) */
 static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
@@ -295,8 +349,8 @@ static inline float sdrt_act(const sdrt_epilogue *ep, float v) {
  * the Winograd conv's transformed input), 3 small scratch (the conv's taps, the depthwise conv's
  * padded plane, the Winograd conv's row biases), 4 the direct conv's row offsets, which stay valid
  * from one call to the next (no other op may use slot 4), 5 the conv's row biases, 6 the Winograd
- * conv's products, 7 its split input rows */
-#define SDRT_THREAD_BUFFERS 8
+ * conv's products, 7 its split input rows, 8 the AMX product's zero-padded A tails */
+#define SDRT_THREAD_BUFFERS 9
 /* The bounds floor(t n / parts) of n split into `parts` near-equal parts, t = 0, 1, ...: one step
  * per part without a division (a 64-bit division per tile cost as much as a small-K tile's work). */
 typedef struct {

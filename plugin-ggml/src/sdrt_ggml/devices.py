@@ -87,7 +87,9 @@ def list_devices() -> list[Device]:
 #: AVX-512-BF16) the bench UNet took 186 ms at bf16 against 251 ms at fp32 and the CLIP text encoder 91 ms against
 #: 178 ms, in one run, the tiny SD 1.5 / SD 2 images within 46.6 / 48.0 dB of float32 (docs/ggml.md, "Precision
 #: and memory"). ggml's own bf16 mul_mat (no tinyBLAS in this build) was 1.4-4.2x slower than fp32: without the
-#: native kernels, or with another GEMM ISA pinned, the default stays fp32
+#: native kernels, or with another GEMM ISA pinned, the default stays fp32. On an Intel Xeon (Sapphire Rapids, AMX)
+#: the bf16 products run on AMX tiles (native/amx.c): bf16 took 0.28-0.9x fp32's time there (docs/ggml.md, "AMX
+#: tiles"); with the tiles turned off (SDRT_GGML_AMX=0) its vdpbf16ps kernels were slower than fp32
 CPU_BF16_FASTER = True
 #: the same for GPUs (fp16). Measured on a lent H200 (ggml's CUDA build, docs/plan.md "On a GPU"): fp16 took 0.70-1.38 x
 #: fp32's time per call on SD 1.5's parts (the UNet at 128 px faster, at 256 px 1.26 x slower; the text encoder and the
@@ -98,7 +100,7 @@ GPU_FP16_FASTER = False
 
 def default_precision(lib: Any, kind: str) -> str:
     """The device's default precision (``sdrt.precision_default.choose``): bf16 on a CPU with AVX-512-BF16 or
-    AMX-BF16 where sdrt-ggml's vdpbf16ps kernels run, fp16 on a GPU, float32 otherwise, each only where it was
+    AMX-BF16 where sdrt-ggml's bf16 kernels (AMX tiles or vdpbf16ps) run, fp16 on a GPU, float32 otherwise, each only where it was
     measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
     from sdrt.precision_default import choose, cpu_bf16_fast
 
@@ -124,6 +126,11 @@ def is_software_driver(description: str) -> bool:
     return any(name in low for name in SOFTWARE_DRIVERS)
 
 
+def gemm_label(nat: Any) -> str:
+    """The native GEMM's float32 ISA, and ``amx-bf16`` where the bf16 products run on AMX tiles."""
+    return f"{nat.isa}, amx-bf16" if nat.bf16_kernel_name == "amx-bf16" else nat.isa
+
+
 def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:
     """What `sdrt info` prints after the CPU's name: which float32 GEMM the CPU device runs.
 
@@ -134,8 +141,9 @@ def _cpu_gemm(lib: Any, props: dict[str, Any]) -> str:
     props["tinyblas"] = bool(lib.ggml_cpu_has_llamafile())
     nat = native.native()
     props["native_gemm"] = nat.isa if nat is not None else None
+    props["bf16_kernel"] = nat.bf16_kernel_name if nat is not None else None
     if nat is not None:
-        return f", sdrt GEMM ({nat.isa})"
+        return f", sdrt GEMM ({gemm_label(nat)})"
     if props["tinyblas"]:
         return ", tinyBLAS GEMM (sdrt GEMM not loaded: see the log)"
     return ", no fast GEMM: slow build (see sdrt-ggml's README)"

@@ -10,8 +10,9 @@ use ggml's own ops.
 
 Environment: ``SDRT_GGML_NATIVE=0`` turns the kernels off; ``SDRT_GGML_GEMM_ISA`` forces a
 GEMM kernel (``portable``, ``avx2``, ``avx512``, ``neon``) instead of the best one the CPU has. The bf16
-products (``precision="bf16"``: ``pack_b_bf16``, ``bf16_rows``) run ``vdpbf16ps`` where the CPU has
-AVX-512-BF16 and the active kernel is ``avx512``; otherwise (another CPU, or another ISA pinned) the same
+products (``precision="bf16"``: ``pack_b_bf16``, ``bf16_rows``) run on AMX tiles (``tdpbf16ps``) where the CPU
+and the OS have AMX-BF16 (``SDRT_GGML_AMX=0`` turns that off), else ``vdpbf16ps`` where the CPU has
+AVX-512-BF16; both need the active kernel ``avx512``; otherwise (another CPU, or another ISA pinned) the same
 bf16 weights are widened to float32 block by block for the float32 kernels (``Native.bf16_kernel``).
 """
 
@@ -75,6 +76,22 @@ class Native:
         """Whether bf16 products run on vdpbf16ps now (AVX-512-BF16, ``avx512`` active); else they widen the bf16
         weights to float32 for the active float32 kernel."""
         return bool(self.lib.sdrt_bf16_active())
+
+    @property
+    def bf16_kernel_name(self) -> str:
+        """The bf16 products' kernels now: ``amx-bf16`` (AMX tiles), ``avx512bf16`` (vdpbf16ps) or ``none`` (the
+        bf16 weights widened to float32)."""
+        return self.lib.sdrt_bf16_kernel_name().decode()
+
+    @property
+    def amx_available(self) -> bool:
+        """Whether this CPU, the OS and this build have AMX-BF16 tiles for this process."""
+        return bool(self.lib.sdrt_amx_available())
+
+    def set_amx(self, on: bool | None) -> bool:
+        """Run the bf16 products on AMX tiles (True), on vdpbf16ps (False), or as ``SDRT_GGML_AMX`` says (None:
+        on unless it is 0); returns whether AMX is used now (never where it is not available)."""
+        return bool(self.lib.sdrt_amx_set(-1 if on is None else int(on)))
 
 
 def library_path() -> Path | None:
@@ -193,6 +210,12 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_gemm_isa_nr.restype = I
     lib.sdrt_bf16_active.argtypes = []
     lib.sdrt_bf16_active.restype = I
+    lib.sdrt_bf16_kernel_name.argtypes = []
+    lib.sdrt_bf16_kernel_name.restype = ctypes.c_char_p
+    lib.sdrt_amx_available.argtypes = []
+    lib.sdrt_amx_available.restype = I
+    lib.sdrt_amx_set.argtypes = [I]
+    lib.sdrt_amx_set.restype = I
     lib.sdrt_gemm.argtypes = [I, I, I, I, P, S, P, S, S, I, P, P, S, I, I, I]
     lib.sdrt_gemm.restype = I
     lib.sdrt_pool_set_width.argtypes = [I]

@@ -285,7 +285,9 @@ def test_cpu_device_says_whether_the_build_has_the_fast_gemm():
     nat = native.native()
     assert cpu.properties["tinyblas"] is tinyblas
     assert cpu.properties["native_gemm"] == (nat.isa if nat else None)
-    if nat is not None:  # sdrt-ggml's own GEMM, whatever ggml-python was built with
-        assert f"sdrt GEMM ({nat.isa})" in cpu.name and "slow build" not in cpu.name
+    if nat is not None:  # sdrt-ggml's own GEMM, whatever ggml-python was built with; AMX tiles named where used
+        amx = ", amx-bf16" if nat.bf16_kernel_name == "amx-bf16" else ""
+        assert f"sdrt GEMM ({nat.isa}{amx})" in cpu.name and "slow build" not in cpu.name
+        assert cpu.properties["bf16_kernel"] == nat.bf16_kernel_name
     else:
         assert ("tinyBLAS GEMM" in cpu.name) is tinyblas and ("slow build" in cpu.name) is not tinyblas

@@ -160,6 +160,18 @@ def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
             and native.for_lowering(lowering) is not None)
 
 
+#: output channels below which a conv keeps float32 weights at bf16 (the float32 direct and Winograd routes): with
+#: fewer than one 16-row tile of them, packing and converting the columns costs far more than the bf16 products save
+#: (the SD VAE decoder's last conv, 3 output channels at 128 x 128: 2.0 ms packed bf16 on AMX or vdpbf16ps against
+#: 0.3 ms float32 direct on a Xeon (Sapphire Rapids); docs/ggml.md, "AMX")
+BF16_MIN_OC = 16
+
+
+def bf16_conv(lowering: Any, oc: int) -> bool:
+    """Whether a dense conv of ``oc`` output channels takes bf16 rows (the packed route's bf16 products)."""
+    return native.bf16_for(lowering) and oc >= BF16_MIN_OC
+
+
 #: output channels above which the packed route wins: packing a column costs a copy per K row,
 #: which about 4 x OC cycles of products use up, while the direct route's B rows come unaligned from
 #: C planes (measured, 1 thread, 3x3: direct 12% faster at OC 32, 7% at 64, even at 128, packed 5-15%
@@ -173,7 +185,7 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> 
     columns (16 with AVX2, 32 with AVX-512); the others pack their columns, as every conv does
     with ``conv_impl="implicit"``."""
     return (lowering.options.get("conv_impl", "auto") != "implicit" and list(strides) == [1, 1]
-            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not native.bf16_for(lowering))
+            and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not bf16_conv(lowering, oc))
 
 
 @dataclass(frozen=True)
@@ -243,7 +255,7 @@ def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bo
         return False
     if list(strides) != [1, 1] or list(dil) != [1, 1] or native.for_lowering(lowering) is None:
         return False
-    if native.bf16_for(lowering):
+    if bf16_conv(lowering, int(w.shape[0])):
         return False  # float32 only: the implicit GEMM's bf16 products instead
     return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
 
@@ -291,7 +303,7 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     _, c, h, wd = x.shape
     kh, kw = int(w.shape[2]), int(w.shape[3])
     k = int(np.prod(w.shape[1:]))
-    bf16 = native.bf16_for(lowering)
+    bf16 = bf16_conv(lowering, oc)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
