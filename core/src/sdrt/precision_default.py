@@ -77,16 +77,30 @@ def override(offered: Iterable[str]) -> str | None:
 
 
 @functools.cache
-def cpu_flags() -> frozenset[str]:
-    """This machine's CPU feature flags as Linux names them (empty where ``/proc/cpuinfo`` is absent)."""
+def _cpuinfo_field(*names: str) -> str | None:
+    """The first processor's value of the first of ``names`` in ``/proc/cpuinfo`` (None where it is absent)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith(("flags", "Features")):
-                    return frozenset(line.split(":", 1)[1].split())
+                if line.startswith(names):
+                    return line.split(":", 1)[1].strip()
     except OSError:
         pass
-    return frozenset()
+    return None
+
+
+def cpu_flags() -> frozenset[str]:
+    """This machine's CPU feature flags as Linux names them (empty where ``/proc/cpuinfo`` is absent)."""
+    return frozenset((_cpuinfo_field("flags", "Features") or "").split())
+
+
+def cpu_vendor() -> str | None:
+    """This machine's x86 CPU vendor as ``sdrt.hardware`` names it (``intel``, ``amd``, ...), or None where
+    ``/proc/cpuinfo`` gives none (ARM, macOS, Windows)."""
+    from .hardware.parse import _X86_VENDORS
+
+    vid = _cpuinfo_field("vendor_id")
+    return None if vid is None else _X86_VENDORS.get(vid, vid.lower())
 
 
 def cpu_bf16_fast(flags: Iterable[str] | None = None) -> bool:
@@ -105,4 +119,4 @@ def psnr(image: np.ndarray, reference: np.ndarray) -> float:
     return float("inf") if mse == 0 else 10.0 * float(np.log10(255.0 ** 2 / mse))
 
 
-__all__ = ["BF16_FLAGS", "ENV", "PSNR_BAR_DB", "choose", "cpu_bf16_fast", "cpu_flags", "override", "psnr"]
+__all__ = ["BF16_FLAGS", "ENV", "PSNR_BAR_DB", "choose", "cpu_bf16_fast", "cpu_flags", "cpu_vendor", "override", "psnr"]

@@ -98,9 +98,23 @@ CPU_BF16_FASTER = True
 GPU_FP16_FASTER = False
 
 
+def bf16_kernel_faster(kernel: str, vendor: str | None = None) -> bool:
+    """Whether sdrt-ggml's bf16 kernel ``kernel`` (``Native.bf16_kernel_name``) was measured faster than float32 on
+    this CPU's vendor: the AMX tiles everywhere they run (Sapphire Rapids: 0.28-0.9x fp32's time); vdpbf16ps on
+    AMD (Zen 5: 0.5-0.75x) but not on Intel, where it issues once a cycle, no more multiply-adds than two float32
+    FMAs, and the activations' conversion comes on top (Sapphire Rapids with the tiles off, SDRT_GGML_AMX=0:
+    1.04-2.0x fp32's time; docs/ggml.md, "AMX tiles")."""
+    from sdrt.precision_default import cpu_vendor
+
+    if kernel == "amx-bf16":
+        return True
+    return kernel == "avx512bf16" and (vendor if vendor is not None else cpu_vendor()) != "intel"
+
+
 def default_precision(lib: Any, kind: str) -> str:
     """The device's default precision (``sdrt.precision_default.choose``): bf16 on a CPU with AVX-512-BF16 or
-    AMX-BF16 where sdrt-ggml's bf16 kernels (AMX tiles or vdpbf16ps) run, fp16 on a GPU, float32 otherwise, each only where it was
+    AMX-BF16 where sdrt-ggml's bf16 kernels run and were measured faster than float32 (the AMX tiles; vdpbf16ps
+    on AMD, not on Intel: ``bf16_kernel_faster``), fp16 on a GPU, float32 otherwise, each only where it was
     measured at least as fast as float32 (``CPU_BF16_FASTER``, ``GPU_FP16_FASTER``)."""
     from sdrt.precision_default import choose, cpu_bf16_fast
 
@@ -109,9 +123,9 @@ def default_precision(lib: Any, kind: str) -> str:
         from . import native
 
         nat = native.native()
-        # sdrt-ggml's vdpbf16ps GEMM and conv run the bf16 products (native.Native.bf16_kernel): AVX-512-BF16,
-        # the avx512 kernels active (not pinned to another ISA by SDRT_GGML_GEMM_ISA)
-        fast = CPU_BF16_FASTER and cpu_bf16_fast() and nat is not None and nat.bf16_kernel
+        # sdrt-ggml's AMX or vdpbf16ps GEMM and conv run the bf16 products (native.Native.bf16_kernel): AVX-512-BF16,
+        # the avx512 kernels active (not pinned to another ISA by SDRT_GGML_GEMM_ISA), and measured faster here
+        fast = CPU_BF16_FASTER and cpu_bf16_fast() and nat is not None and bf16_kernel_faster(nat.bf16_kernel_name)
         return choose(kind, offered, bf16_fast=fast, fp16_fast=False)
     return choose(kind, offered, fp16_fast=GPU_FP16_FASTER)
 

@@ -255,8 +255,18 @@ def test_default_follows_the_cpu_flag(monkeypatch):
     assert devices.default_precision(lib, "cpu") == "fp32"  # AVX2 only: bf16 emulated
     monkeypatch.setattr(precision_default, "cpu_flags", lambda: frozenset({"avx512f", "avx512_bf16"}))
     nat = native.native()
-    want = "bf16" if nat is not None and nat.bf16_kernel else "fp32"  # sdrt-ggml's vdpbf16ps kernels decide
+    kernel = nat.bf16_kernel_name if nat is not None else "none"
+    vendor = precision_default.cpu_vendor()
+    # sdrt-ggml's kernels decide: the AMX tiles, or vdpbf16ps on AMD (on Intel it was slower than float32)
+    want = "bf16" if kernel == "amx-bf16" or (kernel == "avx512bf16" and vendor != "intel") else "fp32"
     assert devices.default_precision(lib, "cpu") == want
+    if nat is not None and nat.amx_available:
+        try:
+            nat.set_amx(False)  # the tiles off (SDRT_GGML_AMX=0): vdpbf16ps on an Intel CPU, slower than float32
+            assert nat.bf16_kernel_name == "avx512bf16"
+            assert devices.default_precision(lib, "cpu") == "fp32"
+        finally:
+            nat.set_amx(True)
     if nat is not None and "avx2" in nat.available_isas():
         active = nat.isa
         try:
@@ -266,6 +276,17 @@ def test_default_follows_the_cpu_flag(monkeypatch):
             nat.set_isa(active)
     monkeypatch.setattr(devices, "GPU_FP16_FASTER", True)
     assert devices.default_precision(lib, "gpu") == "fp16"
+
+
+@pytest.mark.parametrize(("kernel", "vendor", "faster"), [
+    ("amx-bf16", "intel", True), ("avx512bf16", "intel", False), ("avx512bf16", "amd", True),
+    ("avx512bf16", "hygon", True), ("none", "amd", False), ("none", "intel", False)])
+def test_bf16_is_the_default_only_on_kernels_measured_faster(kernel, vendor, faster):
+    """bf16 beat float32 on the AMX tiles (Sapphire Rapids) and on AMD's vdpbf16ps (Zen 5); Intel's vdpbf16ps
+    (Sapphire Rapids with the tiles off) and the widened weights were slower."""
+    from sdrt_ggml import devices
+
+    assert devices.bf16_kernel_faster(kernel, vendor) is faster
 
 
 def _kernel_model() -> tuple[onnx.ModelProto, dict[str, np.ndarray]]:
