@@ -3,7 +3,8 @@
  * an inaccessible one (a tile load or store past an operand's end faults), for 1-40 rows, 1-35 pairs (K 1-70),
  * column tails and both output orders, against the double product; and that a call leaves the calling thread's
  * tile configuration as it found it (a library that configures the tiles once a thread, as ggml's AMX kernels
- * do, relies on it), or released where there was none. Linux on x86-64 with AMX only; elsewhere it says so and
+ * do, relies on it), or released where there was none; and that where the OS refuses the tiles (a thread's
+ * signal stack too small for their state) the products run on vdpbf16ps, not into SIGILL. Linux on x86-64 with AMX only; elsewhere it says so and
  * passes. Exit status 1 on any failure. */
 #include "sdrt_native.h"
 
@@ -16,7 +17,12 @@ int sdrt_amx_set(int on);
 
 #if defined(SDRT_HAVE_AMX)
 #include <immintrin.h>
+#include <signal.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+const char *sdrt_bf16_kernel_name(void);
 
 typedef struct {
     char *base;
@@ -140,7 +146,49 @@ static int check_config_kept(const sdrt_bf16_kernels *bk) {
     return fails;
 }
 
+/* in a child process that has not asked for the tiles yet: a signal stack of 8 KB (the tile state needs more), so
+ * the OS refuses them; the bf16 products must then run on vdpbf16ps */
+static int check_refused(void) {
+    const pid_t pid = fork();
+    if (pid == 0) {
+        stack_t st;
+        memset(&st, 0, sizeof st);
+        st.ss_size = 8192;
+        st.ss_sp = malloc(st.ss_size);
+        if (sigaltstack(&st, NULL))
+            _exit(0); /* an OS that takes no stack this small: nothing to check */
+        const sdrt_bf16_kernels *bk = sdrt_kernels_bf16();
+        SDRT_ALIGN(64) uint32_t a[17 * 20];
+        SDRT_ALIGN(64) uint16_t b[2 * 20 * 32];
+        float c[17 * 32];
+        for (int i = 0; i < 17 * 20; i++)
+            a[i] = 0x3F803F80u;
+        for (int i = 0; i < 2 * 20 * 32; i++)
+            b[i] = 0x3F80;
+        sdrt_block_out o;
+        memset(&o, 0, sizeof o);
+        o.c = c;
+        o.ldc = 32;
+        o.n = 32;
+        if (sdrt_amx_available() || !bk || bk->block) {
+            printf("FAIL tiles refused by the OS, yet the bf16 kernels are %s\n", sdrt_bf16_kernel_name());
+            fflush(stdout);
+            _exit(1);
+        }
+        sdrt_block_bf16(bk, 17, 20, a, 20, b, 2 * 20 * 32, 1, &o, 0, 1);
+        _exit(c[16 * 32 + 31] == 40.0f ? 0 : 1);
+    }
+    int status = 0;
+    if (pid < 0 || waitpid(pid, &status, 0) != pid || !WIFEXITED(status) || WEXITSTATUS(status)) {
+        printf("FAIL the bf16 product with the tiles refused: %s %d\n", WIFSIGNALED(status) ? "signal" : "status",
+               WIFSIGNALED(status) ? WTERMSIG(status) : WEXITSTATUS(status));
+        return 1;
+    }
+    return 0;
+}
+
 int main(void) {
+    const int refused = check_refused();
     if (sdrt_amx_set(1) != 1) {
         printf("no AMX-BF16 here (CPU or OS): nothing to check\n");
         return 0;
@@ -156,8 +204,8 @@ int main(void) {
         for (int k2 = 1; k2 <= 35; k2++)
             for (int j = 0; j < 5; j++, runs++)
                 fails += check_guarded(bk, m, k2, j % 2 ? k2 : k2 + 3, ns[j], (m + k2 + j) % 2);
-    fails += check_config_kept(bk);
-    runs += 2;
+    fails += check_config_kept(bk) + refused;
+    runs += 3;
     sdrt_amx_set(-1);
     printf("amx: %d runs, %d failures\n", runs, fails);
     return fails != 0;
