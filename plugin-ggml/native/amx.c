@@ -10,8 +10,9 @@
  * activation, transposed output). Tails: the rows past the last multiple of 16 and the pairs past the last multiple
  * of 16 are copied once a call into zero-padded buffers (a tile never reads outside its operand: the conv reads W's
  * rows in place), the B pair rows past it once a panel; one tile shape throughout, so one tile configuration a call
- * (ldtilecfg zeroes the tiles: it cannot change mid-sum), released at the end (another library in the process may
- * configure the tiles its own way between two calls).
+ * (ldtilecfg zeroes the tiles: it cannot change mid-sum); at the end the caller's configuration is loaded again, or
+ * the tiles released where there was none (another library in the process may configure the tiles its own way once
+ * a thread and rely on it: ggml's AMX kernels do).
  *
  * Linux grants the tile state (8 KiB of registers) only to a process that asks for it (arch_prctl
  * ARCH_REQ_XCOMP_PERM); without the grant a tile instruction is SIGILL. sdrt_amx_available asks once, and AMX is
@@ -208,6 +209,10 @@ TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, 
         cfg.colsb[t] = 64;
         cfg.rows[t] = 16;
     }
+    /* the caller's tile configuration (all zeros: none), put back at the end: a library that loads its own once
+     * a thread and then relies on it (ggml's AMX kernels do) must find it again after this call */
+    SDRT_ALIGN(64) amx_config prev;
+    _tile_storeconfig(&prev);
     AMX_BARRIER();
     _tile_loadconfig(&cfg);
     const ptrdiff_t half = pstride / 2;
@@ -243,7 +248,11 @@ TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, 
             }
         }
     }
-    _tile_release();
+    if (prev.palette) {
+        _tile_loadconfig(&prev);
+    } else {
+        _tile_release();
+    }
 }
 #else
 SDRT_EXPORT int sdrt_amx_available(void) { return 0; }

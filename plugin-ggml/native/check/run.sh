@@ -1,6 +1,8 @@
 #!/bin/sh
 # Build the C checks of sdrt-ggml's native kernels and run them: gemm_check.c (the GEMM
-# micro-kernels), ops_check.c (attention, GELU, group norm), conv_check.c (both conv routes with
+# micro-kernels), amx_check.c (the AMX bf16 product with operands that end at an inaccessible page,
+# the caller's tile configuration kept, the tiles refused by the OS: vdpbf16ps), ops_check.c
+# (attention, GELU, group norm), conv_check.c (both conv routes with
 # their epilogue, the depthwise conv, the padded group-norm output), pool_check.c (the ops' thread
 # pool: every task once, sleeping workers, two submitting threads). Each checks every ISA that the
 # build and the CPU have against double-precision references; exit status 1 on any mismatch.
@@ -29,7 +31,7 @@ else
     flags=
     runner=
 fi
-for check in gemm_check ops_check conv_check pool_check; do
+for check in gemm_check amx_check ops_check conv_check pool_check; do
     # shellcheck disable=SC2086
     $cc -O3 -std=gnu11 -Wall -Wextra -pthread $flags -I"$here/.." -o "$out/$check$exe" "$here/$check.c" "$here"/../*.c -lm
     echo "== $check"

@@ -142,6 +142,8 @@ CONV_SHAPES = [  # C, H, W, OC, k, stride, pad, dilation
     (20, 10, 9, 70, 3, 2, 1, 1),  # stride 2, K 180 (90 pairs: 5 whole steps and a tail), OC 70
     (64, 8, 8, 48, 3, 1, 2, 2),  # dilated, K 576: two blocks of K
     (40, 5, 13, 130, 1, 1, 0, 1),  # pointwise, 65 pixels (a panel of one), 130 rows (8 whole tiles and 2)
+    (15, 6, 6, 17, 3, 1, 1, 1),  # K 135: one block converted 64 rows at a time, the last chunk odd (7 rows)
+    (63, 5, 6, 300, 3, 1, 1, 1),  # K 567: two blocks (the second odd, 283 rows), 300 rows in M blocks off 16
 ]
 
 
