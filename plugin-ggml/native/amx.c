@@ -171,7 +171,6 @@ static TARGET_AMX void amx_chunk(const amx_a *A, int row0, int two, int steps, c
 TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda,
                                     const uint16_t *b, ptrdiff_t pstride, int panels, const sdrt_block_out *out,
                                     int acc, int last) {
-    (void)bk;
     if (m <= 0 || k2 <= 0)
         return;
     amx_a A = {a, lda, m & ~15, k2 / 16, NULL, NULL, 0};
@@ -183,8 +182,12 @@ TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, 
     const size_t n_at = kt ? (size_t)A.m16 * 16 : 0, n_mt = mt ? (size_t)16 * A.ld_mt : 0;
     if (n_at + n_mt) {
         uint32_t *buf = (uint32_t *)sdrt_thread_buffer(8, (n_at + n_mt) * sizeof(uint32_t));
-        if (!buf)
+        if (!buf) { /* no memory for the tails: the same product on vdpbf16ps (needs none), never a C left unwritten */
+            sdrt_bf16_kernels v = *bk;
+            v.block = NULL;
+            sdrt_block_bf16(&v, m, k2, a, lda, b, pstride, panels, out, acc, last);
             return;
+        }
         A.atail = buf;
         A.mtail = buf + n_at;
         for (int i = 0; i < A.m16 && kt; i++) {
