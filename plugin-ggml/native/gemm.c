@@ -96,7 +96,7 @@ SDRT_EXPORT int sdrt_gemm_isa_nr(int isa) {
     return k ? k->nr : 0;
 }
 
-/* whether bf16 products run on vdpbf16ps now (1), or widen the bf16 operand to float32 (0) */
+/* whether bf16 products run on bf16 kernels now (1: AMX tiles or vdpbf16ps), or widen the bf16 operand to float32 (0) */
 SDRT_EXPORT int sdrt_bf16_active(void) { return sdrt_kernels_bf16() != NULL; }
 
 /* the bf16 products' kernels now: "amx-bf16" (AMX tiles), "avx512bf16" (vdpbf16ps), or "none" (widened to float32) */

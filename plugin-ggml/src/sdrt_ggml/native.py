@@ -73,8 +73,8 @@ class Native:
 
     @property
     def bf16_kernel(self) -> bool:
-        """Whether bf16 products run on vdpbf16ps now (AVX-512-BF16, ``avx512`` active); else they widen the bf16
-        weights to float32 for the active float32 kernel."""
+        """Whether bf16 products run on bf16 kernels now (AMX tiles or vdpbf16ps: AVX-512-BF16, ``avx512`` active,
+        ``bf16_kernel_name`` says which); else they widen the bf16 weights to float32 for the active float32 kernel."""
         return bool(self.lib.sdrt_bf16_active())
 
     @property
