@@ -610,7 +610,9 @@ class MemoryMixin:
                      parts: Mapping[str, Part] | None = None) -> tuple[dict[str, int], dict[str, Any]]:
         """Each part's most activation bytes at once over its calls (``streaming.activation_peaks`` on its graph
         pinned to each call's shapes; halved where the backend keeps activations in 16 bits at the part's
-        precision), and the pinned graph of each part's heaviest call (the denoiser's split reads it)."""
+        precision; kept across processes, ``sdrt.cache.shapes``), and each part's heaviest call as (part, name,
+        shapes, scale): the denoiser's split pins its graph to it."""
+        from ..cache import shapes as facts
         from .streaming import activation_peaks
 
         out: dict[str, int] = {}
@@ -621,22 +623,37 @@ class MemoryMixin:
                 continue
             precision = part.options.get("precision") or (be.precision_for(dev) if be is not None else "fp32")
             scale = 0.5 if precision in getattr(be, "half_activations", ()) else 1.0
-            lean = _lean_graph(part)
-            if part._graph is None and part.graph_edit is not None:  # the run's graph: a dry twin's IP attention,
-                try:  # a transformer's ControlNet residual inputs (the file's graph lacks the inputs it is fed)
-                    lean = part.graph_edit(lean)
-                except Exception as exc:  # noqa: BLE001 - an estimate: the file's graph then
-                    log.debug("memory: %s's graph edit for the activation estimate: %s", name, exc)
+            lean = None
             for shapes in shapes_list:
-                try:
-                    g = lean.with_shapes(dict(shapes))
-                except Exception as exc:  # noqa: BLE001 - an estimate: a graph that will not pin counts none
-                    log.debug("memory: no activation estimate for %s: %s", name, exc)
-                    continue
-                peak = int(activation_peaks(g)[0] * scale)
+                key = facts.key_of_part(part, dict(shapes), "activations")
+                raw = facts.load_peak(key) if key is not None else None
+                if raw is None:  # pinned now (and kept for the next process)
+                    lean = lean if lean is not None else self._run_graph(name, part)
+                    try:
+                        g = lean.with_shapes(dict(shapes))
+                    except Exception as exc:  # noqa: BLE001 - an estimate: a graph that will not pin counts none
+                        log.debug("memory: no activation estimate for %s: %s", name, exc)
+                        continue
+                    raw = int(activation_peaks(g)[0])
+                    if key is not None:
+                        facts.store_peak(key, raw)
+                peak = int(raw * scale)
                 if peak >= out.get(name, -1):
-                    out[name], pinned[name] = peak, (g, scale)
+                    out[name], pinned[name] = peak, (part, name, dict(shapes), scale)
         return out, pinned
+
+    @staticmethod
+    def _run_graph(name: str, part: Part) -> Any:
+        """The graph a part runs: the file's, with the part's edit where the part has not loaded it yet (a dry
+        twin's IP attention, a transformer's ControlNet residual inputs: the file's graph lacks the inputs it is
+        fed)."""
+        lean = _lean_graph(part)
+        if part._graph is None and part.graph_edit is not None:
+            try:
+                lean = part.graph_edit(lean)
+            except Exception as exc:  # noqa: BLE001 - an estimate: the file's graph then
+                log.debug("memory: %s's graph edit for the activation estimate: %s", name, exc)
+        return lean
 
     def _make_memory_plan(self, base: int | None, calls: Mapping[str, Any] | None = None,
                           extras: Mapping[str, tuple[str, Any]] | None = None,
@@ -686,8 +703,9 @@ class MemoryMixin:
 
             part = self._parts[denoiser]
             scale = part_weight_bytes(part) / max(weights[denoiser], 1)  # graph bytes per held byte
-            if denoiser in pinned:  # each group with its own activations
-                graph, half = pinned[denoiser]
+            if denoiser in pinned:  # each group with its own activations (the heaviest call's graph pinned now)
+                owner, name, shapes, half = pinned[denoiser]
+                graph = self._run_graph(name, owner).with_shapes(shapes)
                 groups = split(graph, max_weight_bytes=int(cap * scale))
                 return [(int(g.weight_bytes / scale), int(a * half))
                         for g, a in zip(groups, activation_peaks(graph, groups))]

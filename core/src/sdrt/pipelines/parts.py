@@ -64,6 +64,9 @@ class Part:
         #: streamed: identical groups share one compiled session, their weights swapped in (update_weights)
         self.stream_share = False
         self._graph: Graph | None = None
+        #: the graph as ``graph`` loaded it from ``path`` (and edited it): the dry run's shapes are kept on disk
+        #: only for it (a graph set otherwise, say with reserved embedding rows, is not the file's)
+        self._loaded_graph: Graph | None = None
         #: an edit applied to the graph each time it loads (a Flux transformer given ControlNet residual inputs,
         #: ``sdrt.pipelines.fluxcontrolnet``), and what it is (sessions compiled for another edit are closed)
         self.graph_edit: Callable[[Graph], Graph] | None = None
@@ -81,6 +84,7 @@ class Part:
         """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros."""
         twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
         twin._graph, twin.lazy_external, twin.record = self._graph, True, []
+        twin._loaded_graph = self._loaded_graph
         twin.graph_edit, twin.graph_edit_key = self.graph_edit, self.graph_edit_key
         twin.hidden_outputs = self.hidden_outputs
         twin.default_weights = self.default_weights
@@ -102,6 +106,7 @@ class Part:
                                 fix=exc.fix) from exc
             if self.graph_edit is not None:
                 self._graph = self.graph_edit(self._graph)
+            self._loaded_graph = self._graph
         return self._graph
 
     def edit_graph(self, edit: Callable[[Graph], Graph] | None, key: Any = None,
@@ -243,14 +248,31 @@ class Part:
         key = tuple(sorted(dims.items()))
         cache = self.__dict__.setdefault("_dry_shapes", {})
         if key not in cache:
-            cache[key] = {t.name: t for t in self.graph.with_shapes(dims).outputs}
+            cache[key] = self._dry_outputs(dims)
         out = {}
-        for name, info in cache[key].items():
+        for name, (dims_out, dtype) in cache[key].items():
             if outputs and name not in outputs or select is not None and name not in select:
                 continue
-            shape = tuple(int(d) if isinstance(d, int) else 1 for d in info.shape)
-            out[name] = np.zeros(shape, dtype=np.dtype(info.dtype))
+            shape = tuple(int(d) if isinstance(d, int) else 1 for d in dims_out)
+            out[name] = np.zeros(shape, dtype=np.dtype(dtype))
         return out
+
+    def _dry_outputs(self, dims: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int | str, ...], str]]:
+        """The outputs' shapes and dtypes at ``dims``: from the shapes cache (``sdrt.cache.shapes``) where this
+        graph is the file's and an earlier process pinned it, else pinned now (and kept there)."""
+        from ..cache import shapes as dry_cache
+
+        graph = self.graph
+        stored = dry_cache.key_of_part(self, dims, "outputs")
+        if stored is not None:
+            hit = dry_cache.load_outputs(stored)
+            if hit is not None:
+                return hit
+        found = {t.name: (tuple(d if isinstance(d, int) else str(d) for d in t.shape), str(t.dtype))
+                 for t in graph.with_shapes(dims).outputs}
+        if stored is not None:
+            dry_cache.store_outputs(stored, found)
+        return found
 
     def update_weights(self, weights: Weights) -> None:
         """New values for some or all of the part's weights, in every compiled session now and every later one.
