@@ -348,17 +348,22 @@ static int attn_key_block(int D, int dvp, int nk, int pad) {
 }
 
 /* ggml custom op: dst [Dv, H, n_q, B] = attention(src0 Q [D, n_q, H, B], src1 K [D, n_kv, H, B],
- * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: the float scale.
+ * src2 V [Dv, n_kv, H, B], src3 optional float32 mask [n_kv, n_q or 1]); userdata: sdrt_attn_params.
  * A task is (batch, head, block of query rows); each thread packs a head's K^T and V once for its
  * run of tasks, then runs the ISA's flash-attention body (simd_body.h, attend) over the block. */
 SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) {
     SDRT_POOLED(sdrt_attention_op);
-    const float scale = *(const float *)userdata;
+    const sdrt_attn_params *par = (const sdrt_attn_params *)userdata;
+    const float scale = par->scale;
     sdrt_view o = sdrt_tensor_view(dst);
     sdrt_view q = sdrt_tensor_view(sdrt_tensor_src(dst, 0));
     sdrt_view k = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
     sdrt_view v = sdrt_tensor_view(sdrt_tensor_src(dst, 2));
     const void *tm = sdrt_tensor_src(dst, 3);
+    /* at bf16 without a mask: AMX tiles where there are; else (or without memory for them) the float32 path, whose
+     * tasks split the same rows anew (the AMX path did nothing) */
+    if (par->bf16 && !tm && sdrt_amx_attention(q, k, v, o, scale, ith, nth) == 0)
+        return;
     sdrt_view m = tm ? sdrt_tensor_view(tm) : o;
     const int D = (int)q.ne[0], n_q = (int)q.ne[1], H = (int)q.ne[2], B = (int)q.ne[3];
     const int n_kv = (int)k.ne[1], Dv = (int)v.ne[0];

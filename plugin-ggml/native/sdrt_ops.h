@@ -15,6 +15,17 @@ typedef struct {
     const float *v;  /* nk x dvp: V, columns past Dv and rows past n_kv zero */
 } sdrt_attn_job;
 
+/* userdata of sdrt_attention_op */
+typedef struct {
+    float scale;  /* of Q K^T */
+    int32_t bf16; /* 1: the products may run on bf16-rounded operands (precision bf16): AMX tiles where there are
+                   * (amx_attention.c), else float32 as with 0 */
+} sdrt_attn_params;
+
+/* sdrt_attention_op's tasks ith of nth (query rows in blocks of 32) on AMX tiles at bf16, without a mask: 0 done
+ * (rows NaN where there was no memory for the scratch), -1 no AMX here (nothing done) */
+int sdrt_amx_attention(sdrt_view q, sdrt_view k, sdrt_view v, sdrt_view o, float scale, int ith, int nth);
+
 /* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
 static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
     return 8 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows + (size_t)rows * job->D;

@@ -104,19 +104,33 @@ def native_ops() -> NativeOps | None:
 
 @functools.cache
 def _scale_arg(scale: float) -> ctypes.c_float:
-    """The userdata of an attention op (its scale) or a layer norm (its eps): one float per distinct
-    value, alive for the process."""
+    """The userdata of a layer norm (its eps): one float per distinct value, alive for the process."""
     return ctypes.c_float(scale)
 
 
-def attention(ops: NativeOps, g: Any, ctx: Any, q: Any, k: Any, v: Any, mask: Any, scale: float) -> Any:
+class AttnParams(ctypes.Structure):
+    """``sdrt_attn_params`` (native/sdrt_ops.h)."""
+
+    _fields_ = [("scale", ctypes.c_float), ("bf16", ctypes.c_int32)]
+
+
+@functools.cache
+def _attn_arg(scale: float, bf16: bool) -> AttnParams:
+    """The userdata of an attention op: one per distinct (scale, bf16), alive for the process."""
+    return AttnParams(scale, int(bf16))
+
+
+def attention(ops: NativeOps, g: Any, ctx: Any, q: Any, k: Any, v: Any, mask: Any, scale: float,
+              bf16: bool = False) -> Any:
     """softmax(Q K^T * scale + mask) V. ``q`` ne (D, n_q, H, B), ``k`` ne (D, n_kv, H, B),
     ``v`` ne (Dv, n_kv, H, B), any strides; ``mask`` None or float32 ne (n_kv, n_q or 1), dense
-    rows. Result ne (Dv, H, n_q, B), the layout of ``ggml_flash_attn_ext``."""
+    rows. Result ne (Dv, H, n_q, B), the layout of ``ggml_flash_attn_ext``. ``bf16``: the products may take
+    bf16-rounded operands (``precision="bf16"``): on AMX tiles where the CPU has them and there is no mask
+    (``native/amx_attention.c``), in float32 otherwise."""
     qn, vn = q.contents.ne, v.contents.ne
     args = [q, k, v] + ([mask] if mask is not None else [])
     arr = (ctypes.POINTER(g.ggml_tensor) * len(args))(*args)
-    ud = ctypes.cast(ctypes.pointer(_scale_arg(float(scale))), ctypes.c_void_p)
+    ud = ctypes.cast(ctypes.pointer(_attn_arg(float(scale), bool(bf16))), ctypes.c_void_p)
     return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, vn[0], qn[2], qn[1], qn[3], arr, len(args),
                                       ops.attention_op, g.GGML_N_TASKS_MAX, ud), "sdrt_attention")
 

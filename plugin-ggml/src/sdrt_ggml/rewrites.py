@@ -430,7 +430,12 @@ def _native_attention(lowering: Any, ops: Any, q: GTensor, k: GTensor, v: GTenso
         m2 = np.ascontiguousarray(np.broadcast_to(m2, (m2.shape[0], n_kv)))
         mask_t = lowering.const(m2, tag="attn_mask").ptr
     lowering.used("attention native")
-    y = attention(ops, ggml_lib(), lowering.ctx, q.ptr, k.ptr, v.ptr, mask_t, scale)
+    from .native import bf16_for
+
+    bf16 = mask is None and bf16_for(lowering)
+    if bf16:
+        lowering.used("attention bf16")
+    y = attention(ops, ggml_lib(), lowering.ctx, q.ptr, k.ptr, v.ptr, mask_t, scale, bf16=bf16)
     return _attention_out(lowering, y, q, v.shape[-1])
 
 
