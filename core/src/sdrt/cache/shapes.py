@@ -3,9 +3,10 @@
 memory plan, ``MemoryMixin._activations``).
 
 Each pins the part's whole graph (``Graph.with_shapes``: shape inference and constant folding, 0.6-0.8 s for SD
-1.5's UNet, twice); with a warm compile cache that was a third of what a new process spent before its first step.
+1.5's UNet, twice); with a warm compile cache that was about a quarter of what a new process spent before its first
+step beyond a warm image (SD 1.5, 512 px, OpenVINO).
 Both depend only on the graph file and the shapes, so they are stored here under a key of the file (resolved path
-and ``stamps.file_stamp``: size, modification time, inode, device), the part's graph edit, the input dims, what is
+and its size, modification and change times, inode and device), the part's graph edit, the input dims, what is
 stored and sdrt's version. A file written anew gets a new key. Anything unreadable or unwritable here is ignored:
 the graph is then pinned as before.
 """
@@ -34,11 +35,12 @@ def key_for(path: Path, edit_key: Any, dims: Mapping[str, tuple[int, ...]], what
     """The key of ``what`` (``"outputs"``, ``"activations"``) of ``path``'s graph at ``dims`` under the edit
     ``edit_key``; None when the file cannot be read."""
     from .. import __version__
-    from ..stamps import file_stamp
 
-    stamp = file_stamp(path)
-    if stamp is None:
+    try:  # ctime too: a program can set mtime back after writing in place, not ctime (design-notes.md)
+        st = os.stat(path)
+    except OSError:
         return None
+    stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
     return make_key(["sdrt pinned-graph facts", what, FORMAT, __version__, os.path.realpath(path), repr(stamp),
                      repr(edit_key), repr(sorted((k, tuple(int(d) for d in v)) for k, v in dims.items()))])
 
