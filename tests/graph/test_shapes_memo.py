@@ -57,3 +57,29 @@ def test_output_axis_labels_do_not_override_inference():
     # Inferred shape and existing shape differ in dimension 1: (4) vs (77)" on every Optimum SDXL/SD3 folder
     pinned = Graph.load(_clip_projection_model()).with_shapes(input_ids=(2, 77))
     assert _shapes(pinned) == {"text_embeds": [2, 4], "last_hidden_state": [2, 77, 8]}
+
+
+def test_a_new_process_takes_what_an_earlier_one_inferred_from_disk(monkeypatch, tmp_path):
+    """The memo is kept under the cache root (graph.pinned_store): with the process's memo empty, pinning the same
+    structure reads it back (inference not run) and gives the same value infos; a corrupt entry is inferred anew."""
+    import sdrt.graph.shapes as shapes
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(shapes, "_INFERRED", type(shapes._INFERRED)())
+    first = Graph.load(_reshape_model([-1, 2])).with_shapes(x=(3, 16))
+    entries = list((tmp_path / "pinned").glob("*.bin"))
+    assert len(entries) == 1
+    shapes._INFERRED.clear()  # a new process
+
+    def no_inference(*args, **kwargs):
+        raise AssertionError("inferred again")
+
+    with monkeypatch.context() as m:
+        m.setattr(shapes, "infer", no_inference)
+        again = Graph.load(_reshape_model([-1, 2])).with_shapes(x=(3, 16))
+    assert _shapes(again) == _shapes(first) == {"y": [24, 2]}
+    assert [v.SerializeToString() for v in first.model.graph.value_info] == \
+        [v.SerializeToString() for v in again.model.graph.value_info]
+    shapes._INFERRED.clear()
+    entries[0].write_bytes(b"SDRTPIN1\xff\xff")  # truncated: passed over
+    assert _shapes(Graph.load(_reshape_model([-1, 2])).with_shapes(x=(3, 16))) == {"y": [24, 2]}

@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ..errors import ModelError
-from . import onnxfile
+from . import onnxfile, pinned_store
 from .fold import fold_constants
 from .protos import apply_inferred, copy_model, infer, skeleton
 
@@ -107,6 +107,10 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
         known = _INFERRED.get(key)
         if known is not None:
             _INFERRED.move_to_end(key)
+    if known is None:  # an earlier process's (pinned_store)
+        known = pinned_store.load(key)
+        if known is not None:
+            _remember(key, known)
     if known is not None:  # the same structure pinned the same way before (the plan, the dry run, the compile)
         _restore(model, known)
         return model
@@ -121,15 +125,21 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
                     d.dim_value = bindings[name]
     found = ([v.SerializeToString() for v in model.graph.value_info],
              [o.type.SerializeToString() for o in model.graph.output])
+    _remember(key, found)
+    pinned_store.store(key, found)
+    return model
+
+
+def _remember(key: bytes, found: tuple[list[bytes], list[bytes]]) -> None:
     with _MEMO_LOCK:
         _INFERRED[key] = found
         while len(_INFERRED) > _MEMO_SIZE:
             _INFERRED.popitem(last=False)
-    return model
 
 
 #: what pinning inferred, per pinned structure: a pipeline pins each part to each call's shapes for its memory
-#: plan, its dry run and its compile (about 0.5 s each on the SD 1.5 UNet), from Graph objects of the same file
+#: plan, its dry run and its compile (about 0.5 s each on the SD 1.5 UNet), from Graph objects of the same file;
+#: kept on disk too, for the next process (pinned_store)
 _INFERRED: OrderedDict[bytes, tuple[list[bytes], list[bytes]]] = OrderedDict()
 _MEMO_SIZE = 64
 _MEMO_LOCK = threading.Lock()  # pipelines of a server may pin from several threads
