@@ -312,6 +312,8 @@ void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint3
 /* a 16 x 32 float tile (rows of columns 0-15 at c0 + 16 i, of 16-31 at c1 + 16 i, 64-byte aligned) to its place
  * in C through the AVX-512 kernels' epilogue (gemm_kernels.c) */
 void sdrt_store512_16(const float *c0, const float *c1, const sdrt_tile_out *o);
+/* n (<= 16) floats v (+ bias, + res[i] where res is not NULL, then ep's activation) to c: a run of a C tile's row */
+void sdrt_store512_run(float *c, const float *v, int n, float bias, const float *res, const sdrt_epilogue *ep);
 #endif
 /* whether the CPU and the OS have AMX-BF16 tiles for this process (asking the OS for them the first time) */
 int sdrt_amx_available(void);
