@@ -18,9 +18,8 @@
 
 #include <string.h>
 
-/* bytes of W's rows a unit keeps in L2, and the pixel tiles of a unit at most */
+/* bytes of W's rows a unit keeps in L2 */
 #define AMXC_W_BYTES (512 * 1024)
-#define AMXC_PIX_TILES 8
 
 /* one output pixel tile's runs along output rows: the tile's columns off .. off+n-1 are pixels (oy, ox ..) */
 typedef struct {
@@ -204,40 +203,41 @@ void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const floa
     rchunk = rchunk < 2 ? 2 : rchunk & ~1;
     rchunk = rchunk > rtiles ? rtiles : rchunk;
     const int rchunks = (rtiles + rchunk - 1) / rchunk;
-    int pchunk = AMXC_PIX_TILES;
+    /* pixel tiles a unit: all of them (every batch item in the unit: W's rows read once from memory), split in
+     * halves while there would be fewer than 4 units a thread */
+    int pchunk = ptiles + (ptiles & 1);
     const int th = nth > 0 ? nth : 1;
-    while (pchunk > 2 && (long)a->N * rchunks * ((ptiles + pchunk - 1) / pchunk) < 4L * th)
-        pchunk -= 2;
+    while (pchunk > 2 && (long)rchunks * ((ptiles + pchunk - 1) / pchunk) < 4L * th)
+        pchunk = (pchunk / 2 + 1) & ~1;
     const int pchunks = (ptiles + pchunk - 1) / pchunk;
-    const long units = (long)a->N * rchunks * pchunks;
+    const long units = (long)rchunks * pchunks;
     int tiles = 0;
 #if defined(SDRT_HAVE_AMX)
     SDRT_ALIGN(64) amxc_config prev;
     tiles = sdrt_amx_enabled() && pairs_tiles_begin(&prev);
 #endif
-    int n_set = -1;
-    const float *rb = bias;
     for (;;) {
         const long u = sdrt_work_take(state);
         if (u >= units)
             break;
-        const int n = (int)(u / ((long)rchunks * pchunks)), rest = (int)(u % ((long)rchunks * pchunks));
-        const int pc = rest / rchunks, rc = rest % rchunks; /* row chunks inner: the pixel chunk's input stays hot */
-        if (n != n_set) {
-            rb = rbias ? sdrt_item_row_bias(5, rbias, bias, n, a->OC) : bias;
-            if (rbias && !rb)
-                break;
-            n_set = n;
-        }
+        const int pc = (int)(u / rchunks), rc = (int)(u % rchunks); /* row chunks inner: the pixels' input stays hot */
         const int r0 = rc * rchunk, r1 = r0 + rchunk < rtiles ? r0 + rchunk : rtiles;
         const int t0 = pc * pchunk, t1 = t0 + pchunk < ptiles ? t0 + pchunk : ptiles;
+        int n = 0;
+        for (; n < a->N; n++) {
+            const float *rb = rbias ? sdrt_item_row_bias(5, rbias, bias, n, a->OC) : bias;
+            if (rbias && !rb)
+                break;
 #if defined(SDRT_HAVE_AMX)
-        if (tiles) {
-            pairs_unit_amx(a, n, rb, r0, r1, t0, t1);
-            continue;
-        }
+            if (tiles) {
+                pairs_unit_amx(a, n, rb, r0, r1, t0, t1);
+                continue;
+            }
 #endif
-        pairs_unit_scalar(a, n, rb, 16 * r0, 16 * r1 < a->OC ? 16 * r1 : a->OC, t0, t1);
+            pairs_unit_scalar(a, n, rb, 16 * r0, 16 * r1 < a->OC ? 16 * r1 : a->OC, t0, t1);
+        }
+        if (n < a->N)
+            break;
     }
 #if defined(SDRT_HAVE_AMX)
     if (tiles)
