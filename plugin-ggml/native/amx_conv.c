@@ -11,8 +11,9 @@
  * AVX-512 epilogue: bias with the runtime row bias, residual, activation).
  *
  * Blocking as amx.c's: two row tiles x two pixel tiles (four C tiles, two A, two B), K over (tap, 16 pairs). A
- * unit is a chunk of row tiles x a chunk of pixel tiles of one batch item; the op's threads take units from the
- * shared counter. Where the tiles are off (SDRT_GGML_AMX=0 after lowering) a scalar loop computes the same.
+ * unit is a chunk of row tiles (W's rows of them in L2) x the pixel tiles (all of them, or a share where there
+ * would be too few units) of every batch item, so that W is read from memory once a call; the op's threads take
+ * units from the shared counter. Where the tiles are off (SDRT_GGML_AMX=0 after lowering) a scalar loop computes the same.
  */
 #include "sdrt_ops.h"
 
@@ -77,13 +78,6 @@ static void pairs_unit_scalar(const sdrt_conv_pairs *a, int n, const float *rb, 
 #define TA1 5
 #define TB0 6
 #define TB1 7
-
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amxc_config;
 
 /* rows row0 .. (two rows: +31) x pixels q0 .. (two pixel tiles: +31), all of K, to cbuf (tile i at 256 i) */
 static TARGET_AMX void pairs_chunk(const sdrt_conv_pairs *a, const uint16_t *x, int row0, int two, int q0, int twop,
@@ -151,27 +145,6 @@ static TARGET_AMX void pairs_unit_amx(const sdrt_conv_pairs *a, int n, const flo
     }
 }
 
-static TARGET_AMX int pairs_tiles_begin(amxc_config *prev) {
-    amxc_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    _tile_storeconfig(prev);
-    AMX_BARRIER();
-    _tile_loadconfig(&cfg);
-    return 1;
-}
-
-static TARGET_AMX void pairs_tiles_end(const amxc_config *prev) {
-    if (prev->palette)
-        _tile_loadconfig(prev);
-    else
-        _tile_release();
-}
-
 /* n floats of each of two channel rows (x1 NULL: zeros) as bf16 pairs to d (2 n uint16) */
 static TARGET_AMX void pair_row(const float *x0, const float *x1, int n, uint16_t *d) {
     const __m512i idx = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22, 6,
@@ -213,8 +186,10 @@ void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const floa
     const long units = (long)rchunks * pchunks;
     int tiles = 0;
 #if defined(SDRT_HAVE_AMX)
-    SDRT_ALIGN(64) amxc_config prev;
-    tiles = sdrt_amx_enabled() && pairs_tiles_begin(&prev);
+    SDRT_ALIGN(64) sdrt_amx_config prev;
+    tiles = sdrt_amx_enabled();
+    if (tiles)
+        sdrt_amx_tiles_begin(&prev);
 #endif
     for (;;) {
         const long u = sdrt_work_take(state);
@@ -241,7 +216,7 @@ void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const floa
     }
 #if defined(SDRT_HAVE_AMX)
     if (tiles)
-        pairs_tiles_end(&prev);
+        sdrt_amx_tiles_end(&prev);
 #endif
     (void)tiles;
 }
@@ -255,16 +230,12 @@ void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const floa
 SDRT_EXPORT void sdrt_pair_pad_op(void *dst, int ith, int nth, void *userdata) {
     SDRT_POOLED(sdrt_pair_pad_op);
     (void)userdata;
-    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
-    if (!tx || !tp)
+    sdrt_pad_job j;
+    if (sdrt_pad_job_of(dst, 2, &j) || j.X.ne[3] != j.D.ne[3] || j.D.ne[2] * 2 < j.X.ne[2])
         return;
-    const sdrt_view X = sdrt_tensor_view(tx), D = sdrt_tensor_view(dst);
-    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
-    const int top = pr[0], left = pr[1];
-    const int W = (int)X.ne[0], H = (int)X.ne[1], C = (int)X.ne[2], Wp = (int)D.ne[0] / 2, Hp = (int)D.ne[1];
-    const long planes = (long)D.ne[2] * D.ne[3];
-    if (top < 0 || left < 0 || W + left > Wp || H + top > Hp || X.ne[3] != D.ne[3] || D.ne[2] * 2 < C)
-        return;
+    const sdrt_view X = j.X, D = j.D;
+    const int top = j.top, left = j.left, W = j.W, H = j.H, C = (int)X.ne[2], Wp = j.Wp, Hp = j.Hp;
+    const long planes = j.planes;
 #if defined(SDRT_HAVE_AMX)
     const int vec = sdrt_amx_available();
 #endif

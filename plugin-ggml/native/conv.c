@@ -583,19 +583,32 @@ done:
  *   dst:           ne (Wp, Hp, C, N) with Wp >= W + left, Hp >= H + top: x at (top, left), zeros
  *                  around it
  * The threads take planes in turn. */
+int sdrt_pad_job_of(void *dst, int per, sdrt_pad_job *j) {
+    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
+    if (!tx || !tp)
+        return -1;
+    j->X = sdrt_tensor_view(tx);
+    j->D = sdrt_tensor_view(dst);
+    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
+    j->top = pr[0];
+    j->left = pr[1];
+    j->W = (int)j->X.ne[0];
+    j->H = (int)j->X.ne[1];
+    j->Wp = (int)j->D.ne[0] / per;
+    j->Hp = (int)j->D.ne[1];
+    j->planes = (long)j->D.ne[2] * j->D.ne[3];
+    return j->top < 0 || j->left < 0 || j->W + j->left > j->Wp || j->H + j->top > j->Hp ? -1 : 0;
+}
+
 SDRT_EXPORT void sdrt_pad_op(void *dst, int ith, int nth, void *userdata) {
     SDRT_POOLED(sdrt_pad_op);
     (void)userdata;
-    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
-    if (!tx || !tp)
+    sdrt_pad_job j;
+    if (sdrt_pad_job_of(dst, 1, &j) || j.X.ne[2] * j.X.ne[3] != j.planes)
         return;
-    const sdrt_view X = sdrt_tensor_view(tx), D = sdrt_tensor_view(dst);
-    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
-    const int top = pr[0], left = pr[1];
-    const int W = (int)X.ne[0], H = (int)X.ne[1], Wp = (int)D.ne[0], Hp = (int)D.ne[1];
-    const long planes = (long)D.ne[2] * D.ne[3];
-    if (top < 0 || left < 0 || W + left > Wp || H + top > Hp || X.ne[2] * X.ne[3] != planes)
-        return;
+    const sdrt_view X = j.X, D = j.D;
+    const int top = j.top, left = j.left, W = j.W, H = j.H, Wp = j.Wp, Hp = j.Hp;
+    const long planes = j.planes;
     for (long p = ith; p < planes; p += nth) {
         const float *src = (const float *)(X.data + (p % X.ne[2]) * X.nb[2] + (p / X.ne[2]) * X.nb[3]);
         float *d = (float *)(D.data + (p % D.ne[2]) * D.nb[2] + (p / D.ne[2]) * D.nb[3]);

@@ -44,6 +44,16 @@ typedef struct {
  * scalar loop); the op's threads take units from state */
 void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const float *rbias, int32_t *state, int nth);
 
+/* a pad op's operands (sdrt_pad_op, sdrt_pair_pad_op): src[0] x ne (W, H, C, N), src[1] int32 [top, left], dst
+ * ne (Wp per, Hp, ...) */
+typedef struct {
+    sdrt_view X, D;
+    int top, left, W, H, Wp, Hp;
+    long planes; /* dst's ne[2] ne[3] */
+} sdrt_pad_job;
+/* 0 with *j filled where the image fits in dst at (top, left), else -1 (conv.c) */
+int sdrt_pad_job_of(void *dst, int per, sdrt_pad_job *j);
+
 /* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
 static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
     return 8 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows + (size_t)rows * job->D;

@@ -10,25 +10,14 @@ from __future__ import annotations
 import ggml
 import numpy as np
 import pytest
+import test_ggml_amx
 from ggml_helpers import F, compile_ggml, make_model, rand
 from onnx import helper
-from test_ggml_amx import _act, _im2col, _run, _within
+from test_ggml_amx import _act, _conv_expected, _im2col, _run, _within
 
 from sdrt_ggml import native
 
-
-@pytest.fixture(scope="module")
-def nat():
-    n = native.native()
-    assert n is not None, f"native kernels not loaded: {native.unavailable_reason()}"
-    if not n.amx_available:
-        pytest.skip(
-            "no AMX-BF16 tiles here (CPU without AMX-TILE/AMX-BF16, an OS that does not grant them, or a "
-            "build without AMX support): the bf16 convs take the packed route"
-        )
-    n.set_isa(None)
-    yield n
-    n.set_amx(None)
+nat = test_ggml_amx.nat  # the fixture: the native kernels with AMX, skipped without
 
 
 def _pairs_conv(g, nat, tx, x_shape, wt, k, p, d, bias, rbias, res, act, lo, hi):
@@ -91,11 +80,8 @@ def test_pairs_conv_matches_the_rounded_conv(nat, c, h, w, oc, k, p, d):
                 got = _run(nat, outs, threads, g, amx=amx)
                 for (act, lo, hi, extra), ga in zip(cases, got):
                     for i in range(n):
-                        pre = (wr @ cols[i][0]).reshape(oc, oh, ow) + bias[:, None, None]
-                        mag = (np.abs(wr) @ np.abs(cols[i][0])).reshape(oc, oh, ow) + np.abs(bias)[:, None, None]
-                        if extra:
-                            pre = pre + rbias[i][:, None, None] + res[i]
-                            mag = mag + np.abs(rbias[i])[:, None, None] + np.abs(res[i])
+                        more = (rbias[i], res[i]) if extra else ()
+                        pre, mag = _conv_expected(wr, cols[i][0], (oc, oh, ow), bias, *more)
                         _within(ga[i], _act(act, pre, lo, hi), mag, f"amx={amx} act={act} item={i} threads={threads}")
     finally:
         ggml.ggml_free(g)
