@@ -13,7 +13,8 @@
  * Blocking as amx.c's: two row tiles x two pixel tiles (four C tiles, two A, two B), K over (tap, 16 pairs). A
  * unit is a chunk of row tiles (W's rows of them in L2) x the pixel tiles (all of them, or a share where there
  * would be too few units) of every batch item, so that W is read from memory once a call; the op's threads take
- * units from the shared counter. Where the tiles are off (SDRT_GGML_AMX=0 after lowering) a scalar loop computes the same.
+ * units from the shared counter. Where the tiles are off (SDRT_GGML_AMX=0 after lowering) a scalar loop computes
+ * the same.
  */
 #include "sdrt_ops.h"
 
@@ -54,7 +55,8 @@ static void pairs_unit_scalar(const sdrt_conv_pairs *a, int n, const float *rb, 
                     float s = 0.0f;
                     for (int tap = 0; tap < taps; tap++) {
                         const uint16_t *w = a->w + (ptrdiff_t)oc * a->ldw + (ptrdiff_t)tap * a->C2 * 2;
-                        const uint16_t *xi = x + 2 * (q + (ptrdiff_t)(tap / a->KW) * a->dh * a->Wp + (tap % a->KW) * a->dw);
+                        const ptrdiff_t shift = (ptrdiff_t)(tap / a->KW) * a->dh * a->Wp + (tap % a->KW) * a->dw;
+                        const uint16_t *xi = x + 2 * (q + shift);
                         for (int cp = 0; cp < a->C2; cp++)
                             s += sdrt_bf16_to_f32(w[2 * cp]) * sdrt_bf16_to_f32(xi[cp * plane * 2]) +
                                  sdrt_bf16_to_f32(w[2 * cp + 1]) * sdrt_bf16_to_f32(xi[cp * plane * 2 + 1]);
