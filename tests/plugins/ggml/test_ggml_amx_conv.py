@@ -87,9 +87,12 @@ def test_pairs_conv_matches_the_rounded_conv(nat, c, h, w, oc, k, p, d):
         ggml.ggml_free(g)
 
 
-def test_pair_pad_op_writes_rounded_pairs_and_zeros(nat):
-    """The pair pad op: channel 2p at even, 2p + 1 at odd positions, bf16 rounded to nearest even, zeros around
-    the image, past C (odd C: the last pair's second element) and past ceil(C / 2) pairs."""
+def test_pair_pad_op_writes_rounded_pairs_and_zeros():
+    """The pair pad op (AVX-512-BF16 where there are AMX tiles, else a scalar loop; no tiles needed): channel 2p at
+    even, 2p + 1 at odd positions, bf16 rounded to nearest even, zeros around the image, past C (odd C: the last
+    pair's second element) and past ceil(C / 2) pairs."""
+    nat = native.native()
+    assert nat is not None, f"native kernels not loaded: {native.unavailable_reason()}"
     rng = np.random.default_rng(5)
     n, c, h, w, top, left, wp, hp = 2, 5, 3, 21, 1, 2, 24, 6
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
