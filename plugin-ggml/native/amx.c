@@ -74,13 +74,28 @@ SDRT_EXPORT int sdrt_amx_available(void) {
     return has;
 }
 
-/* the tile configuration: palette 1, tiles 0-7 each 16 rows of 64 bytes */
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} amx_config;
+/* The caller's tile configuration (all zeros: none) is put back at the end: a library that loads its own once a
+ * thread and then relies on it (ggml's AMX kernels do) must find it again after this call. */
+TARGET_AMX void sdrt_amx_tiles_begin(sdrt_amx_config *prev) {
+    sdrt_amx_config cfg;
+    memset(&cfg, 0, sizeof(cfg));
+    cfg.palette = 1;
+    for (int t = 0; t < 8; t++) {
+        cfg.colsb[t] = 64;
+        cfg.rows[t] = 16;
+    }
+    _tile_storeconfig(prev);
+    AMX_BARRIER();
+    _tile_loadconfig(&cfg);
+}
+
+TARGET_AMX void sdrt_amx_tiles_end(const sdrt_amx_config *prev) {
+    if (prev->palette) {
+        _tile_loadconfig(prev);
+    } else {
+        _tile_release();
+    }
+}
 
 /* tile registers: C 0-3 (rows tile 0 x halves 0, 1; rows tile 1 x halves 0, 1), A 4-5, B 6-7 */
 #define TA0 4
@@ -205,19 +220,8 @@ TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, 
     }
     SDRT_ALIGN(64) uint16_t btail[2 * 16 * SDRT_BF16_NR]; /* the last pairs of each half, zero-padded */
     SDRT_ALIGN(64) float cbuf[4 * 256];
-    amx_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
-    /* the caller's tile configuration (all zeros: none), put back at the end: a library that loads its own once
-     * a thread and then relies on it (ggml's AMX kernels do) must find it again after this call */
-    SDRT_ALIGN(64) amx_config prev;
-    _tile_storeconfig(&prev);
-    AMX_BARRIER();
-    _tile_loadconfig(&cfg);
+    SDRT_ALIGN(64) sdrt_amx_config prev;
+    sdrt_amx_tiles_begin(&prev);
     const ptrdiff_t half = pstride / 2;
     const int rtiles = (m + 15) / 16, chunks = (rtiles + 1) / 2;
     for (int q = 0; q < panels; q++) {
@@ -251,11 +255,7 @@ TARGET_AMX void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, 
             }
         }
     }
-    if (prev.palette) {
-        _tile_loadconfig(&prev);
-    } else {
-        _tile_release();
-    }
+    sdrt_amx_tiles_end(&prev);
 }
 #else
 SDRT_EXPORT int sdrt_amx_available(void) { return 0; }

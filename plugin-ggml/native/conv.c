@@ -445,7 +445,9 @@ enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_
  *                  ne (Wp, Hp, C, N) of sdrt_pad_op (the pads already in it)
  *   src[1] W:      ne (ldw, OC), contiguous; the first K = C*KH*KW floats of a row are the kernel
  *                  of one output channel in (c, i, j) order; with params[P_BF16] bf16 bit patterns
- *                  (uint16, ldw even, zeros after K): the packed route, bf16 products (conv_unit_bf16)
+ *                  (uint16, ldw even, zeros after K): the packed route, bf16 products (conv_unit_bf16); with
+ *                  params[P_BF16] 2 the "pairs" case (amx_conv.c, stride 1): x is sdrt_pair_pad_op's output, W
+ *                  ne (KH KW C2 2, 16 ceil(OC / 16)) bf16 rows [tap][C2][2] (zero rows past OC)
  *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi(, bf16)] (symmetric pads;
  *                  lo and hi are the float bits of SDRT_ACT_CLIP's bounds; bf16 optional, 0 if absent)
  *   src[3] state:  int32[4] zeros, the threads' shared work counter
@@ -475,6 +477,20 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
      * active when it lowered; the packed route serves any other case). */
     const int padded = pr[P_DIRECT] != 0;
     const int bf16 = sdrt_tensor_view(tp).ne[0] > P_BF16 && pr[P_BF16] != 0;
+    sdrt_epilogue ep = {pr[P_ACT], 0.0f, 0.0f};
+    memcpy(&ep.lo, pr + P_LO, sizeof(float));
+    memcpy(&ep.hi, pr + P_HI, sizeof(float));
+    if (bf16 && pr[P_BF16] == 2) { /* the input as bf16 channel pairs (sdrt_pair_pad_op), W as [OC][tap][C2][2] */
+        const sdrt_conv_pairs a = {(const uint16_t *)(const void *)X.data, (ptrdiff_t)(X.nb[3] / 2), (int)X.ne[2],
+                                   (int)X.ne[1], (int)(X.ne[0] / 2), (const uint16_t *)(const void *)Wt.data,
+                                   (ptrdiff_t)(Wt.nb[1] / 2), (int)O.ne[3], (int)O.ne[2], pr[P_KH], pr[P_KW],
+                                   pr[P_DH], pr[P_DW], (int)O.ne[1], (int)O.ne[0], (float *)(void *)O.data,
+                                   (ptrdiff_t)(O.nb[3] / sizeof(float)), tres ? sdrt_tensor_view(tres).data : NULL,
+                                   (ptrdiff_t)O.nb[3], ep.act ? &ep : NULL};
+        sdrt_conv_pairs_run(&a, tb ? (const float *)sdrt_tensor_view(tb).data : NULL,
+                            trb ? (const float *)sdrt_tensor_view(trb).data : NULL, state, nth);
+        goto done;
+    }
     conv_shape s;
     s.C = (int)X.ne[2];
     s.N = (int)X.ne[3];
@@ -493,9 +509,6 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     s.H = (int)X.ne[1];
     s.K = s.C * s.KH * s.KW;
     s.ldw = (ptrdiff_t)(Wt.nb[1] / (bf16 ? sizeof(uint16_t) : sizeof(float))); /* in W's elements */
-    sdrt_epilogue ep = {pr[P_ACT], 0.0f, 0.0f};
-    memcpy(&ep.lo, pr + P_LO, sizeof(float));
-    memcpy(&ep.hi, pr + P_HI, sizeof(float));
     if (s.KH == 1 && s.KW == 1 && s.sh == 1 && s.sw == 1 && s.ph == 0 && s.pw == 0 && s.OH == s.H && s.OW == s.W) {
         /* a pointwise conv: the whole plane is one row, so that panels and slices run across the
          * image's rows (a 32-pixel panel of a 14-wide map was three copies a K row) */
@@ -570,19 +583,32 @@ done:
  *   dst:           ne (Wp, Hp, C, N) with Wp >= W + left, Hp >= H + top: x at (top, left), zeros
  *                  around it
  * The threads take planes in turn. */
+int sdrt_pad_job_of(void *dst, int per, sdrt_pad_job *j) {
+    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
+    if (!tx || !tp)
+        return -1;
+    j->X = sdrt_tensor_view(tx);
+    j->D = sdrt_tensor_view(dst);
+    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
+    j->top = pr[0];
+    j->left = pr[1];
+    j->W = (int)j->X.ne[0];
+    j->H = (int)j->X.ne[1];
+    j->Wp = (int)j->D.ne[0] / per;
+    j->Hp = (int)j->D.ne[1];
+    j->planes = (long)j->D.ne[2] * j->D.ne[3];
+    return j->top < 0 || j->left < 0 || j->W + j->left > j->Wp || j->H + j->top > j->Hp ? -1 : 0;
+}
+
 SDRT_EXPORT void sdrt_pad_op(void *dst, int ith, int nth, void *userdata) {
     SDRT_POOLED(sdrt_pad_op);
     (void)userdata;
-    const void *tx = sdrt_tensor_src(dst, 0), *tp = sdrt_tensor_src(dst, 1);
-    if (!tx || !tp)
+    sdrt_pad_job j;
+    if (sdrt_pad_job_of(dst, 1, &j) || j.X.ne[2] * j.X.ne[3] != j.planes)
         return;
-    const sdrt_view X = sdrt_tensor_view(tx), D = sdrt_tensor_view(dst);
-    const int32_t *pr = (const int32_t *)sdrt_tensor_view(tp).data;
-    const int top = pr[0], left = pr[1];
-    const int W = (int)X.ne[0], H = (int)X.ne[1], Wp = (int)D.ne[0], Hp = (int)D.ne[1];
-    const long planes = (long)D.ne[2] * D.ne[3];
-    if (top < 0 || left < 0 || W + left > Wp || H + top > Hp || X.ne[2] * X.ne[3] != planes)
-        return;
+    const sdrt_view X = j.X, D = j.D;
+    const int top = j.top, left = j.left, W = j.W, H = j.H, Wp = j.Wp, Hp = j.Hp;
+    const long planes = j.planes;
     for (long p = ith; p < planes; p += nth) {
         const float *src = (const float *)(X.data + (p % X.ne[2]) * X.nb[2] + (p / X.ne[2]) * X.nb[3]);
         float *d = (float *)(D.data + (p % D.ne[2]) * D.nb[2] + (p / D.ne[2]) * D.nb[3]);

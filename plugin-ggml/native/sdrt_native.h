@@ -312,6 +312,19 @@ void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint3
 /* a 16 x 32 float tile (rows of columns 0-15 at c0 + 16 i, of 16-31 at c1 + 16 i, 64-byte aligned) to its place
  * in C through the AVX-512 kernels' epilogue (gemm_kernels.c) */
 void sdrt_store512_16(const float *c0, const float *c1, const sdrt_tile_out *o);
+/* the tile configuration (64 bytes: palette, rows and bytes a row of each tile) */
+typedef struct {
+    uint8_t palette, start_row;
+    uint8_t reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} sdrt_amx_config;
+/* tiles 0-7 configured as 16 rows of 64 bytes, the caller's configuration (palette 0: none) saved to *prev */
+void sdrt_amx_tiles_begin(sdrt_amx_config *prev);
+/* the caller's configuration loaded again, or the tiles released where there was none */
+void sdrt_amx_tiles_end(const sdrt_amx_config *prev);
+/* n (<= 16) floats v (+ bias, + res[i] where res is not NULL, then ep's activation) to c: a run of a C tile's row */
+void sdrt_store512_run(float *c, const float *v, int n, float bias, const float *res, const sdrt_epilogue *ep);
 #endif
 /* whether the CPU and the OS have AMX-BF16 tiles for this process (asking the OS for them the first time) */
 int sdrt_amx_available(void);

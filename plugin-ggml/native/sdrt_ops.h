@@ -26,6 +26,34 @@ typedef struct {
  * (rows NaN where there was no memory for the scratch), -1 no AMX here (nothing done) */
 int sdrt_amx_attention(sdrt_view q, sdrt_view k, sdrt_view v, sdrt_view o, float scale, int ith, int nth);
 
+/* a dense stride-1 conv on bf16 channel pairs (amx_conv.c): the input from sdrt_pair_pad_op, W as [OC][tap][C2][2] */
+typedef struct {
+    const uint16_t *x;  /* item 0's pair planes, xp[C2][Hp][Wp][2] */
+    ptrdiff_t x_item;   /* uint16 from one item's planes to the next's */
+    int C2, Hp, Wp;     /* pairs (a multiple of 16), the padded plane */
+    const uint16_t *w;  /* rows of ceil(OC / 16) 16 output channels */
+    ptrdiff_t ldw;      /* uint16 between W's rows (KH KW C2 2) */
+    int N, OC, KH, KW, dh, dw, OH, OW;
+    float *out;         /* NCHW */
+    ptrdiff_t out_item; /* floats */
+    const char *res;    /* a residual shaped as out, or NULL */
+    ptrdiff_t res_item; /* bytes */
+    const sdrt_epilogue *ep;
+} sdrt_conv_pairs;
+/* the conv of `a` plus bias (OC floats or NULL) and rbias (ne (OC, N) or NULL), on AMX tiles where they are on (else a
+ * scalar loop); the op's threads take units from state */
+void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const float *rbias, int32_t *state, int nth);
+
+/* a pad op's operands (sdrt_pad_op, sdrt_pair_pad_op): src[0] x ne (W, H, C, N), src[1] int32 [top, left], dst
+ * ne (Wp per, Hp, ...) */
+typedef struct {
+    sdrt_view X, D;
+    int top, left, W, H, Wp, Hp;
+    long planes; /* dst's ne[2] ne[3] */
+} sdrt_pad_job;
+/* 0 with *j filled where the image fits in dst at (top, left), else -1 (conv.c) */
+int sdrt_pad_job_of(void *dst, int per, sdrt_pad_job *j);
+
 /* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
 static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
     return 8 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows + (size_t)rows * job->D;

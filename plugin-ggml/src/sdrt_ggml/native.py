@@ -50,6 +50,7 @@ class Native:
     conv_op: Any  # ... at sdrt_conv_op
     pad_op: Any  # ... at sdrt_pad_op
     winograd_op: Any  # ... at sdrt_winograd_op
+    pair_pad_op: Any  # ... at sdrt_pair_pad_op
 
     @property
     def isa(self) -> str:
@@ -173,7 +174,7 @@ def _load() -> tuple[Native | None, str]:
         return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
                       f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
     ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op", "sdrt_pad_op",
-                                                                                  "sdrt_winograd_op")]
+                                                                                  "sdrt_winograd_op", "sdrt_pair_pad_op")]
     n = Native(lib, str(path), *ops)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
     try:
@@ -408,6 +409,39 @@ def bf16_rows(w: np.ndarray) -> np.ndarray:
     return bf16_bits(out)
 
 
+def pairs_rows(lowering: Any, arr: np.ndarray) -> Any:
+    """A weights tensor of a conv's kernel (OC, C, KH, KW) as ``pairs_weights``, remade so by ``update_weights``."""
+    lowering.used("conv amx")
+    return lowering.const(arr, transform=lambda v: pairs_weights(np.asarray(v, np.float32)), tag="P16",
+                          dtype="uint16", ggml_type="GGML_TYPE_BF16")
+
+
+def pairs_count(c: int) -> int:
+    """Channel pairs of ``c`` input channels in the conv's "pairs" case: ceil(c / 2) rounded up to 16 (a tile's)."""
+    return -(-c // 32) * 16
+
+
+def pairs_weights(w: np.ndarray) -> np.ndarray:
+    """A kernel (OC, C, KH, KW) as bf16 bit patterns [OC16][tap][C2][2] (``pairs_count`` pairs, zeros past C; rows
+    past OC zero up to a multiple of 16): ``sdrt_conv_op``'s W with ``conv_params(bf16=2)`` (native/amx_conv.c)."""
+    from .half import bf16_bits
+
+    oc, c, kh, kw = w.shape
+    c2 = pairs_count(c)
+    out = np.zeros((-(-oc // 16) * 16, kh * kw, 2 * c2), np.float32)
+    out[:oc, :, :c] = np.asarray(w, np.float32).reshape(oc, c, kh * kw).transpose(0, 2, 1)
+    return bf16_bits(out.reshape(out.shape[0], -1))
+
+
+def pair_pad_op(nat: Native, g: Any, ctx: Any, x: Any, params: Any, *, wp: int, hp: int, c2: int, n: int) -> Any:
+    """``x`` (ne (W, H, C, N), contiguous) as bf16 channel pairs zero-padded into ne (2 wp, hp, c2, n) at (top, left) =
+    ``params`` (int32[2]) by ``sdrt_pair_pad_op``: the input of the conv's "pairs" case."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 2)(x, params)
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_BF16, 2 * wp, hp, c2, n, arr, 2, nat.pair_pad_op, g.GGML_N_TASKS_MAX, None)
+    g.ggml_set_name(out, b"sdrt_pair_pad")
+    return out
+
+
 def row_stride(k: int, rows: int = 14) -> int:
     """Floats between rows of an A operand of K floats that the kernel reads in place: K, or K plus
     a multiple of 16 when rows K apart would crowd into a few L1 sets (row strides near a
@@ -425,9 +459,9 @@ ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4, "gelu_tanh": 5}
 
 
 def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,
-                act: str | None = None, lo: float = 0.0, hi: float = 0.0, bf16: bool = False) -> np.ndarray:
+                act: str | None = None, lo: float = 0.0, hi: float = 0.0, bf16: int = 0) -> np.ndarray:
     """``sdrt_conv_op``'s int32 params: [KH, KW, sh, sw, dh, dw, ph, pw, padded, act, lo, hi, bf16], the
-    clip bounds as float32 bits; bf16: W is ``bf16_rows``."""
+    clip bounds as float32 bits; bf16 1: W is ``bf16_rows``, 2: W is ``pairs_weights``, x ``pair_pad_op``'s."""
     bounds = np.array([lo, hi], np.float32).view(np.int32)
     return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, int(padded), ACTS.get(act or "", 0),
                      bounds[0], bounds[1], int(bf16)], np.int32)

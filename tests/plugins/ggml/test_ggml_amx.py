@@ -136,6 +136,17 @@ def _im2col(x: np.ndarray, kh: int, kw: int, s: int, p: int, d: int) -> tuple[np
     return cols.reshape(c * kh * kw, oh * ow), oh, ow
 
 
+def _conv_expected(wr, col, shape, bias, rbias=None, res=None):
+    """W . columns + bias (+ row bias and residual) in float64 as ``shape`` (OC, OH, OW), and the sum of the absolute
+    terms."""
+    pre = (wr @ col).reshape(shape) + bias[:, None, None]
+    mag = (np.abs(wr) @ np.abs(col)).reshape(shape) + np.abs(bias)[:, None, None]
+    if rbias is not None:
+        pre = pre + rbias[:, None, None] + res
+        mag = mag + np.abs(rbias)[:, None, None] + np.abs(res)
+    return pre, mag
+
+
 CONV_SHAPES = [  # C, H, W, OC, k, stride, pad, dilation
     (3, 9, 11, 33, 3, 1, 1, 1),  # K 27: pairs all in the tail; OC one row past 32
     (5, 6, 7, 16, 1, 1, 0, 1),  # pointwise, odd K
@@ -189,11 +200,8 @@ def test_packed_conv_on_tiles_matches_the_rounded_product(nat, c, h, w, oc, k, s
             dp = _run(nat, outs, threads, g, amx=False)
             for (act, lo, hi, extra), ga, gd in zip(cases, got, dp):
                 for i in range(n):
-                    pre = (wr @ cols[i][0]).reshape(oc, oh, ow) + bias[:, None, None]
-                    mag = (np.abs(wr) @ np.abs(cols[i][0])).reshape(oc, oh, ow) + np.abs(bias)[:, None, None]
-                    if extra:
-                        pre = pre + rbias[i][:, None, None] + res[i]
-                        mag = mag + np.abs(rbias[i])[:, None, None] + np.abs(res[i])
+                    more = (rbias[i], res[i]) if extra else ()
+                    pre, mag = _conv_expected(wr, cols[i][0], (oc, oh, ow), bias, *more)
                     _within(ga[i], _act(act, pre, lo, hi), mag, f"amx act={act} item={i} threads={threads}")
                     _within(ga[i], gd[i].astype(np.float64), mag, f"amx vs vdpbf16ps act={act} threads={threads}")
     finally:

@@ -208,6 +208,7 @@ class ConvSpec:
     winograd: bool = False  # src padded for the Winograd conv; geometry's ph, pw: where the image sits in it
     cscale: Any = None  # runtime, ne (C, N): the input channels' scale (the packed route applies it)
     bf16: bool = False  # wt is bf16 rows (half.rows_bf16): the packed route's bf16 products
+    pairs: bool = False  # src is pair_pad_op's, wt pairs_weights: the AMX conv without packing (native/amx_conv.c)
 
 
 def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
@@ -228,7 +229,7 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
     else:
         nat = native.for_lowering(lowering)
         params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
-                                                   lo=spec.lo, hi=spec.hi, bf16=spec.bf16))
+                                                   lo=spec.lo, hi=spec.hi, bf16=2 if spec.pairs else int(spec.bf16)))
         y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
                            spec.bias, spec.rbias, spec.res, spec.cscale, out_ne=(ow, oh, oc, n))
     lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
@@ -258,6 +259,37 @@ def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bo
     if bf16_conv(lowering, int(w.shape[0])):
         return False  # float32 only: the implicit GEMM's bf16 products instead
     return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
+
+
+#: input channels from which a bf16 conv takes the AMX route without packing (a step of 16 pairs a tile)
+PAIRS_MIN_C = 32
+
+
+def pairs_ok(lowering: Any, nat: Any, c: int, oc: int, strides: list[int], cscale: Any) -> bool:
+    """The AMX conv without packing (native/amx_conv.c) for a stride-1 bf16 conv of at least PAIRS_MIN_C input and
+    BF16_MIN_OC output channels, when the bf16 products run on AMX tiles (``conv_impl="implicit"``: the packed
+    route instead)."""
+    return (lowering.options.get("conv_impl", "auto") == "auto" and list(strides) == [1, 1] and cscale is None
+            and c >= PAIRS_MIN_C and bf16_conv(lowering, oc) and nat.bf16_kernel_name == "amx-bf16")
+
+
+def conv_pairs(lowering: Any, x: GTensor, w: np.ndarray, b: Any, dil: list[int], ph: int, pw: int,
+               out_shape: tuple[int, int, int, int]) -> GTensor:
+    """A stride-1 bf16 conv on AMX tiles without packing: the input converted once to bf16 channel pairs,
+    zero-padded (rows past the padded image too, so that the tiles of the last pixels stay inside it), the kernel
+    as ``pairs_weights``."""
+    nat = native.for_lowering(lowering)
+    n, c, h, wd = x.shape
+    kh, kw = int(w.shape[2]), int(w.shape[3])
+    wp = wd + 2 * pw
+    hp = h + 2 * ph + -(-16 // wp)
+    top_left = lowering.const(np.array([ph, pw], np.int32))
+    src = native.pair_pad_op(nat, ggml_lib(), lowering.ctx, x.ptr, top_left.ptr, wp=wp, hp=hp,
+                             c2=native.pairs_count(c), n=n)
+    wt = native.pairs_rows(lowering, w)
+    spec = ConvSpec(src, wt.ptr, (kh, kw, (1, 1), tuple(dil), ph, pw, True), out_shape, bias=b.ptr if b is not None else None,
+                    pairs=True)
+    return conv_emit(lowering, spec)
 
 
 def padded_input(lowering: Any, x: GTensor, ph: int, pw: int, wp: int, hp: int) -> Any:
@@ -303,13 +335,15 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     _, c, h, wd = x.shape
     kh, kw = int(w.shape[2]), int(w.shape[3])
     k = int(np.prod(w.shape[1:]))
+    b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
+    if pairs_ok(lowering, nat, c, oc, strides, cscale):
+        return conv_pairs(lowering, x, w, b, dil, ph, pw, out_shape)
     bf16 = bf16_conv(lowering, oc)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
         ld = native.row_stride(k)
         wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
-    b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     src = x.ptr
     pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
     # a pointwise conv runs its plane as one row (native/conv.c): slices of it need no pads
