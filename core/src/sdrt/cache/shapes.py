@@ -7,7 +7,7 @@ Each pins the part's whole graph (``Graph.with_shapes``: shape inference and con
 step beyond a warm image (SD 1.5, 512 px, OpenVINO).
 Both depend only on the graph file and the shapes, so they are stored here under a key of the file (resolved path
 and its size, modification and change times, inode and device), the part's graph edit, the input dims, what is
-stored and sdrt's version. A file written anew gets a new key. Anything unreadable or unwritable here is ignored:
+stored, ``FORMAT`` and onnx's version. A file written anew gets a new key. Anything unreadable or unwritable here is ignored:
 the graph is then pinned as before.
 """
 
@@ -24,7 +24,7 @@ from .paths import cache_dir, make_key, write_atomic
 
 log = logging.getLogger("sdrt.cache.shapes")
 
-#: bump when what is stored changes meaning
+#: bump when what is stored changes meaning (or how sdrt infers it: with onnx's version, part of the key)
 FORMAT = "1"
 
 #: name -> (shape, dtype); a dim the graph leaves symbolic is its name
@@ -34,14 +34,14 @@ Outputs = dict[str, tuple[tuple[int | str, ...], str]]
 def key_for(path: Path, edit_key: Any, dims: Mapping[str, tuple[int, ...]], what: str = "outputs") -> str | None:
     """The key of ``what`` (``"outputs"``, ``"activations"``) of ``path``'s graph at ``dims`` under the edit
     ``edit_key``; None when the file cannot be read."""
-    from .. import __version__
+    import onnx
 
     try:  # ctime too: a program can set mtime back after writing in place, not ctime (design-notes.md)
         st = os.stat(path)
     except OSError:
         return None
     stamp = (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino, st.st_dev)
-    return make_key(["sdrt pinned-graph facts", what, FORMAT, __version__, os.path.realpath(path), repr(stamp),
+    return make_key(["sdrt pinned-graph facts", what, FORMAT, onnx.__version__, os.path.realpath(path), repr(stamp),
                      repr(edit_key), repr(sorted((k, tuple(int(d) for d in v)) for k, v in dims.items()))])
 
 

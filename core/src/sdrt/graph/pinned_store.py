@@ -3,8 +3,8 @@
 ``pin_shapes`` keys what it inferred (every intermediate's type, the outputs' types) by a digest of everything
 inference and folding read (``shapes._memo_key``: the graph's structure with the pinned inputs, not its weights), and
 keeps it in the process. A new process pinning the same structure (a pipeline's parts, for its plan, its dry run and
-its compile: 0.8 s for SD 1.5's UNet) finds it here instead; the file's name adds the versions of sdrt and onnx, whose
-shape inference made it. An entry is small (0.4 MB for that UNet); the folder keeps the newest ``KEEP`` of them.
+its compile: 0.8 s for SD 1.5's UNet) finds it here instead; the file's name adds ``FORMAT`` and the version of
+onnx, whose shape inference made it. An entry is small (0.4 MB for that UNet); the folder keeps the newest ``KEEP`` of them.
 Anything unreadable or unwritable here is passed over: the graph is then inferred as before.
 """
 
@@ -22,13 +22,16 @@ KEEP = 256
 Found = tuple[list[bytes], list[bytes]]
 
 
+#: bump when what ``shapes.pin_shapes`` infers changes (with onnx's version, part of each entry's name)
+FORMAT = "1"
+
+
 def _file(key: bytes) -> Path:
     import onnx
 
-    from .. import __version__
     from ..cache.paths import cache_dir, make_key
 
-    return cache_dir("pinned") / f"{make_key([key, __version__, onnx.__version__])}.bin"
+    return cache_dir("pinned") / f"{make_key([key, FORMAT, onnx.__version__])}.bin"
 
 
 def load(key: bytes) -> Found | None:
