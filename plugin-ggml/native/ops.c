@@ -360,8 +360,9 @@ SDRT_EXPORT void sdrt_attention_op(void *dst, int ith, int nth, void *userdata) 
     sdrt_view k = sdrt_tensor_view(sdrt_tensor_src(dst, 1));
     sdrt_view v = sdrt_tensor_view(sdrt_tensor_src(dst, 2));
     const void *tm = sdrt_tensor_src(dst, 3);
-    /* at bf16 without a mask: AMX tiles where there are; else (or without memory for them) the float32 path, whose
-     * tasks split the same rows anew (the AMX path did nothing) */
+    /* at bf16 without a mask: AMX tiles where there are (without memory for their scratch, NaN rows, as below); else
+     * the float32 path, whose tasks split the same rows anew (the AMX path, refused alike on every thread, did
+     * nothing) */
     if (par->bf16 && !tm && sdrt_amx_attention(q, k, v, o, scale, ith, nth) == 0)
         return;
     sdrt_view m = tm ? sdrt_tensor_view(tm) : o;

@@ -4,9 +4,11 @@
  * column tails and both output orders, against the double product; and that a call leaves the calling thread's
  * tile configuration as it found it (a library that configures the tiles once a thread, as ggml's AMX kernels
  * do, relies on it), or released where there was none; and that where the OS refuses the tiles (a thread's
- * signal stack too small for their state) the products run on vdpbf16ps, not into SIGILL. Linux on x86-64 with AMX only; elsewhere it says so and
- * passes. Exit status 1 on any failure. */
-#include "sdrt_native.h"
+ * signal stack too small for their state) the products run on vdpbf16ps, not into SIGILL; and the attention at bf16
+ * on the tiles (amx_attention.c) with its operands at such pages too. Linux on x86-64 with AMX only; elsewhere it
+ * says so and passes. Exit status 1 on any failure. */
+#include "check_tensor.h"
+#include "sdrt_ops.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -14,6 +16,7 @@
 #include <string.h>
 
 int sdrt_amx_set(int on);
+void sdrt_attention_op(void *dst, int ith, int nth, void *userdata);
 
 #if defined(SDRT_HAVE_AMX)
 #include <immintrin.h>
@@ -85,6 +88,74 @@ static int check_guarded(const sdrt_bf16_kernels *bk, int m, int k2, ptrdiff_t l
     if (worst <= 1.0)
         return 0;
     printf("FAIL guarded m=%d k2=%d lda=%td n=%d trans=%d: error %g x the bound\n", m, k2, lda, n, trans, worst);
+    return 1;
+}
+
+/* float -> bf16 -> double, round to nearest even */
+static double rbf(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u += 0x7fffu + ((u >> 16) & 1);
+    return bf((uint16_t)(u >> 16));
+}
+
+/* attention at bf16 on the tiles (amx_attention.c) with Q, K (read through a transposed view where ktrans), V
+ * and the output each ending at an inaccessible page, in nth tasks, against the double softmax of the
+ * bf16-rounded products (its weights rounded to bf16 too); a NaN in query row 0 makes output row 0 NaN and leaves
+ * the others finite */
+static int check_attention(int H, int nq, int nkv, int D, int Dv, int nth, int ktrans) {
+    mapping mq, mk, mv, mo;
+    float *q = guarded(sizeof(float) * H * nq * D, &mq), *k = guarded(sizeof(float) * H * nkv * D, &mk);
+    float *v = guarded(sizeof(float) * H * nkv * Dv, &mv), *o = guarded(sizeof(float) * H * nq * Dv, &mo);
+    for (int i = 0; i < H * nq * D; i++)
+        q[i] = 6.0f * ((float)rand() / (float)RAND_MAX - 0.5f);
+    for (int i = 0; i < H * nkv * D; i++)
+        k[i] = 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f);
+    for (int i = 0; i < H * nkv * Dv; i++)
+        v[i] = 2.0f * ((float)rand() / (float)RAND_MAX - 0.5f) + 0.5f;
+    q[0] = NAN;
+    tensor tq = dense(q, D, nq, H, 1), tv = dense(v, Dv, nkv, H, 1), to = dense(o, Dv, H, nq, 1);
+    tensor tk = ktrans ? dense(k, nkv, D, H, 1) : dense(k, D, nkv, H, 1);
+    if (ktrans)
+        tk.ne[0] = D, tk.ne[1] = nkv, tk.nb[0] = 4 * (size_t)nkv, tk.nb[1] = 4;
+    to.src[0] = &tq, to.src[1] = &tk, to.src[2] = &tv;
+    sdrt_attn_params par = {1.0f / sqrtf((float)D), 1};
+    for (int ith = 0; ith < nth; ith++)
+        sdrt_attention_op(&to, ith, nth, &par);
+    const float qs = par.scale * 1.4426950408889634f; /* the kernel's scores are in powers of two */
+    double worst = 0, *s = malloc(sizeof(double) * nkv);
+    int nonfinite = 0;
+    for (int h = 0; h < H; h++)
+        for (int i = 0; i < nq; i++) {
+            double mx = -INFINITY, sum = 0;
+            for (int j = 0; j < nkv; j++) {
+                s[j] = 0;
+                for (int d = 0; d < D; d++)
+                    s[j] += rbf(q[(h * nq + i) * D + d] * qs) *
+                            rbf(ktrans ? k[(h * D + d) * nkv + j] : k[(h * nkv + j) * D + d]);
+                mx = s[j] > mx ? s[j] : mx;
+            }
+            for (int j = 0; j < nkv; j++)
+                sum += (s[j] = exp2(s[j] - mx));
+            for (int d = 0; d < Dv; d++) {
+                double r = 0;
+                for (int j = 0; j < nkv; j++)
+                    r += rbf((float)s[j]) * rbf(v[(h * nkv + j) * Dv + d]);
+                const float got = o[(i * H + h) * Dv + d];
+                if (h == 0 && i == 0)
+                    nonfinite += !isnan(got);
+                else if (!isfinite(got))
+                    nonfinite++;
+                else
+                    worst = fabs(r / sum - got) > worst ? fabs(r / sum - got) : worst;
+            }
+        }
+    free(s);
+    munmap(mq.base, mq.len), munmap(mk.base, mk.len), munmap(mv.base, mv.len), munmap(mo.base, mo.len);
+    if (worst <= 1e-3 && !nonfinite)
+        return 0;
+    printf("FAIL attention bf16 H=%d nq=%d nkv=%d D=%d Dv=%d tasks=%d ktrans=%d: max error %g, %d values NaN where "
+           "they should not be or not where they should\n", H, nq, nkv, D, Dv, nth, ktrans, worst, nonfinite);
     return 1;
 }
 
@@ -199,6 +270,15 @@ int main(void) {
                 fails += check_guarded(bk, m, k2, j % 2 ? k2 : k2 + 3, ns[j], (m + k2 + j) % 2);
     fails += check_config_kept(bk) + refused;
     runs += 3;
+    if (use_stand_in())
+        return 1;
+    static const int att[][5] = {/* H, n_q, n_kv, D, Dv: head-dim tail tiles, keys past 32 and past a 512-key block,
+                                  * query rows past a 32-row task */
+                                 {2, 1, 1, 1, 1},    {1, 17, 15, 3, 5},   {2, 33, 33, 40, 40},  {1, 31, 77, 33, 17},
+                                 {2, 64, 513, 64, 65}, {1, 47, 1025, 80, 80}, {1, 35, 544, 130, 128}};
+    for (int a = 0; a < 7; a++)
+        for (int nth = 1; nth <= 3; nth += 2, runs++)
+            fails += check_attention(att[a][0], att[a][1], att[a][2], att[a][3], att[a][4], nth, (a + nth) % 2);
     sdrt_amx_set(-1);
     printf("amx: %d runs, %d failures\n", runs, fails);
     return fails != 0;

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "check_tensor.h"
+#include "sdrt_ops.h"
 
 int sdrt_ops_set_isa(int isa);
 void sdrt_attention_op(void *dst, int ith, int nth, void *userdata);
@@ -49,8 +50,9 @@ static int check_attention(int H, int nq, int nkv, int D, int Dv, int nth) {
     tk.ne[0] = D, tk.ne[1] = nkv, tk.nb[0] = 4 * (size_t)nkv, tk.nb[1] = 4;
     tensor to = dense(o, Dv, H, nq, 1);
     to.src[0] = &tq, to.src[1] = &tk, to.src[2] = &tv, to.src[3] = &tm;
-    float scale = 1.0f / sqrtf((float)D);
-    run(sdrt_attention_op, &to, &scale, nth);
+    const float scale = 1.0f / sqrtf((float)D);
+    sdrt_attn_params par = {scale, 0};
+    run(sdrt_attention_op, &to, &par, nth);
     double maxerr = 0;
     double *s = malloc(sizeof(double) * nkv);
     for (int h = 0; h < H; h++)

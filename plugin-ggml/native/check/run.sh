@@ -1,7 +1,8 @@
 #!/bin/sh
 # Build the C checks of sdrt-ggml's native kernels and run them: gemm_check.c (the GEMM
 # micro-kernels), amx_check.c (the AMX bf16 product with operands that end at an inaccessible page,
-# the caller's tile configuration kept, the tiles refused by the OS: vdpbf16ps), ops_check.c
+# the caller's tile configuration kept, the tiles refused by the OS: vdpbf16ps; the bf16 attention on the
+# tiles with its operands at such a page), ops_check.c
 # (attention, GELU, group norm), conv_check.c (both conv routes with
 # their epilogue, the depthwise conv, the padded group-norm output), pool_check.c (the ops' thread
 # pool: every task once, sleeping workers, two submitting threads). Each checks every ISA that the

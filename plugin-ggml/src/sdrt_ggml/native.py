@@ -357,7 +357,8 @@ def bf16_round(a: np.ndarray) -> np.ndarray:
 
 def bf16_for(lowering: Any) -> bool:
     """Whether this lowering multiplies bf16 weights with these kernels (``precision="bf16"``, the CPU device, the
-    library loaded): MatMul/Gemm weights as ``packed_bf16``, dense conv kernels as ``rows_bf16`` (half.py)."""
+    library loaded): MatMul/Gemm weights as ``packed_bf16``, dense conv kernels as ``rows_bf16`` (half.py); and
+    attention without a mask on the AMX tiles where the CPU has them (``native_ops.attention``'s ``bf16``)."""
     from .half import kind
 
     return kind(lowering) == "bf16" and for_lowering(lowering) is not None
