@@ -113,6 +113,7 @@ static TARGET_AMX void pairs_chunk(const sdrt_conv_pairs *a, const uint16_t *x, 
     _tile_stored(1, cbuf + 256, 64);
     _tile_stored(2, cbuf + 512, 64);
     _tile_stored(3, cbuf + 768, 64);
+    AMX_BARRIER(); /* GCC's tile stores tell the compiler of no memory written: cbuf is read after this */
 }
 
 /* the C tile at cbuf (rows row0 .., pixel tile at q0) through the epilogue to item n's output */
@@ -170,9 +171,21 @@ static uint16_t bf16_of(float f) { /* round to nearest even (NaN kept a NaN) */
     return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
 }
 
+/* whether every tile load stays inside x and W: 16 pairs a step, W's rows hold KH KW C2 pairs, the padded plane
+ * holds the image's taps and the last pixel tile's largest tap offset (the slack rows past the padded image) */
+static int pairs_fit(const sdrt_conv_pairs *a, int ptiles) {
+    const long taps = (long)a->KH * a->KW, plane = (long)a->Hp * a->Wp;
+    return a->N > 0 && a->OC > 0 && a->OH > 0 && a->OW > 0 && a->KH > 0 && a->KW > 0 && a->dh > 0 && a->dw > 0 &&
+           a->C2 >= 16 && a->C2 % 16 == 0 && a->ldw >= taps * a->C2 * 2 && a->x_item >= plane * a->C2 * 2 &&
+           a->Wp >= a->OW + (long)(a->KW - 1) * a->dw && a->Hp >= a->OH + (long)(a->KH - 1) * a->dh &&
+           16L * ptiles + (long)(a->KH - 1) * a->dh * a->Wp + (long)(a->KW - 1) * a->dw <= plane;
+}
+
 void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const float *rbias, int32_t *state, int nth) {
     const int rtiles = (a->OC + 15) / 16;
     const int nq = (a->OH - 1) * a->Wp + a->OW, ptiles = (nq + 15) / 16;
+    if (!pairs_fit(a, ptiles))
+        return; /* not the lowering's layout (conv_kernels.conv_pairs): nothing read or written */
     /* row tiles a unit: W's rows of them fit AMXC_W_BYTES, an even count (pairs of tiles) */
     int rchunk = (int)(AMXC_W_BYTES / ((size_t)16 * a->ldw * 2));
     rchunk = rchunk < 2 ? 2 : rchunk & ~1;

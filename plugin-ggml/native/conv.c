@@ -481,6 +481,8 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     memcpy(&ep.lo, pr + P_LO, sizeof(float));
     memcpy(&ep.hi, pr + P_HI, sizeof(float));
     if (bf16 && pr[P_BF16] == 2) { /* the input as bf16 channel pairs (sdrt_pair_pad_op), W as [OC][tap][C2][2] */
+        if (X.ne[3] != O.ne[3] || Wt.ne[1] < (O.ne[2] + 15) / 16 * 16)
+            goto done; /* not the lowering's operands: nothing read past them */
         const sdrt_conv_pairs a = {(const uint16_t *)(const void *)X.data, (ptrdiff_t)(X.nb[3] / 2), (int)X.ne[2],
                                    (int)X.ne[1], (int)(X.ne[0] / 2), (const uint16_t *)(const void *)Wt.data,
                                    (ptrdiff_t)(Wt.nb[1] / 2), (int)O.ne[3], (int)O.ne[2], pr[P_KH], pr[P_KW],

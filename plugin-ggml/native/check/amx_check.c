@@ -21,35 +21,12 @@ void sdrt_attention_op(void *dst, int ith, int nth, void *userdata);
 #if defined(SDRT_HAVE_AMX)
 #include <immintrin.h>
 #include <signal.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "guarded.h"
+
 const char *sdrt_bf16_kernel_name(void);
-
-typedef struct {
-    char *base;
-    size_t len;
-} mapping;
-
-/* `bytes` that end where an inaccessible page begins */
-static void *guarded(size_t bytes, mapping *m) {
-    const size_t pg = 4096;
-    m->len = (bytes + pg - 1) / pg * pg + pg;
-    m->base = mmap(NULL, m->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m->base == MAP_FAILED || mprotect(m->base + m->len - pg, pg, PROT_NONE)) {
-        perror("mmap");
-        exit(1);
-    }
-    return m->base + m->len - pg - bytes;
-}
-
-static double bf(uint16_t h) {
-    const uint32_t u = (uint32_t)h << 16;
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-}
 
 /* C (m x n, or transposed) = A (m rows of k2 pairs, lda pairs apart) . B (bf16 panels of k2 pair rows) */
 static int check_guarded(const sdrt_bf16_kernels *bk, int m, int k2, ptrdiff_t lda, int n, int trans) {
@@ -82,9 +59,9 @@ static int check_guarded(const sdrt_bf16_kernels *bk, int m, int k2, ptrdiff_t l
             const double err = fabs((trans ? c[j * m + i] : c[i * n + j]) - v) / (1e-5 * (1 + mag));
             worst = err > worst ? err : worst;
         }
-    munmap(ma.base, ma.len);
-    munmap(mb.base, mb.len);
-    munmap(mc.base, mc.len);
+    unmap(&ma);
+    unmap(&mb);
+    unmap(&mc);
     if (worst <= 1.0)
         return 0;
     printf("FAIL guarded m=%d k2=%d lda=%td n=%d trans=%d: error %g x the bound\n", m, k2, lda, n, trans, worst);

@@ -3,7 +3,8 @@
 # micro-kernels), amx_check.c (the AMX bf16 product with operands that end at an inaccessible page,
 # the caller's tile configuration kept, the tiles refused by the OS: vdpbf16ps; the bf16 attention on the
 # tiles with its operands at such a page), ops_check.c
-# (attention, GELU, group norm), conv_check.c (both conv routes with
+# (attention, GELU, group norm), amx_conv_check.c (the conv without packing on AMX tiles, its operands
+# ending at an inaccessible page), conv_check.c (both conv routes with
 # their epilogue, the depthwise conv, the padded group-norm output), pool_check.c (the ops' thread
 # pool: every task once, sleeping workers, two submitting threads). Each checks every ISA that the
 # build and the CPU have against double-precision references; exit status 1 on any mismatch.
@@ -32,7 +33,7 @@ else
     flags=
     runner=
 fi
-for check in gemm_check amx_check ops_check conv_check pool_check; do
+for check in gemm_check amx_check amx_conv_check ops_check conv_check pool_check; do
     # shellcheck disable=SC2086
     $cc -O3 -std=gnu11 -Wall -Wextra -pthread $flags -I"$here/.." -o "$out/$check$exe" "$here/$check.c" "$here"/../*.c -lm
     echo "== $check"
