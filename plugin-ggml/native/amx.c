@@ -35,10 +35,8 @@ static int amx_on = -1; /* -1: not decided yet */
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#define TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
-/* GCC's tile intrinsics are asm statements that do not say which memory a tile load reads: a barrier after the
- * buffers they read are written */
-#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+#define TARGET_AMX SDRT_TARGET_AMX
+#define AMX_BARRIER() SDRT_AMX_BARRIER()
 
 #define ARCH_GET_XCOMP_PERM 0x1022
 #define ARCH_REQ_XCOMP_PERM 0x1023
@@ -76,17 +74,25 @@ SDRT_EXPORT int sdrt_amx_available(void) {
 
 /* The caller's tile configuration (all zeros: none) is put back at the end: a library that loads its own once a
  * thread and then relies on it (ggml's AMX kernels do) must find it again after this call. */
-TARGET_AMX void sdrt_amx_tiles_begin(sdrt_amx_config *prev) {
-    sdrt_amx_config cfg;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette = 1;
+void sdrt_amx_config_default(sdrt_amx_config *cfg) {
+    memset(cfg, 0, sizeof(*cfg));
+    cfg->palette = 1;
     for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
+        cfg->colsb[t] = 64;
+        cfg->rows[t] = 16;
     }
+}
+
+TARGET_AMX void sdrt_amx_tiles_load(const sdrt_amx_config *cfg, sdrt_amx_config *prev) {
     _tile_storeconfig(prev);
     AMX_BARRIER();
-    _tile_loadconfig(&cfg);
+    _tile_loadconfig(cfg);
+}
+
+void sdrt_amx_tiles_begin(sdrt_amx_config *prev) {
+    SDRT_ALIGN(64) sdrt_amx_config cfg;
+    sdrt_amx_config_default(&cfg);
+    sdrt_amx_tiles_load(&cfg, prev);
 }
 
 TARGET_AMX void sdrt_amx_tiles_end(const sdrt_amx_config *prev) {

@@ -25,9 +25,8 @@
 #if defined(SDRT_HAVE_AMX)
 #include <immintrin.h>
 
-#define TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
-/* GCC's tile intrinsics do not say which memory a tile load reads: a barrier after the buffers are written */
-#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+#define TARGET_AMX SDRT_TARGET_AMX
+#define AMX_BARRIER() SDRT_AMX_BARRIER()
 
 enum {
     QR = 32,   /* query rows a task: two row tiles */
@@ -38,16 +37,6 @@ enum {
 #define TAT 5 /* A, the head dim's last pairs */
 #define TB 6  /* B, 16 pair rows */
 #define TBT 7 /* B, the head dim's last pair rows */
-
-/* float -> bf16 bits, round to nearest even (NaN kept a NaN) */
-static inline uint16_t to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof(u));
-    if ((u & 0x7fffffffu) > 0x7f800000u)
-        return (uint16_t)((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1);
-    return (uint16_t)(u >> 16);
-}
 
 /* one head's operands and the task's buffers */
 typedef struct {
@@ -85,7 +74,7 @@ static void pack_head(const amx_head *hd, const char *kh, const size_t *knb, con
         const char *kr = kh + (size_t)j * knb[1];
         for (int d = 0; d < 2 * D2; d++) {
             const float x = j < n_kv && d < D ? *(const float *)(kr + (size_t)d * knb[0]) : 0.0f;
-            dst[(size_t)(d / 2) * 32 + (d & 1)] = to_bf16(x);
+            dst[(size_t)(d / 2) * 32 + (d & 1)] = sdrt_f32_to_bf16(x);
         }
     }
     for (int j = 0; j < hd->nk; j++) {
@@ -93,7 +82,7 @@ static void pack_head(const amx_head *hd, const char *kh, const size_t *knb, con
         for (int c = 0; c < 16 * hd->ct; c++) {
             const float x = j < n_kv && c < Dv ? *(const float *)(vr + (size_t)c * vnb[0]) : 0.0f;
             hd->vp[(((size_t)(c / 16) * nk2 + (size_t)(j / 2)) * 16 + (size_t)(c % 16)) * 2 + (size_t)(j & 1)] =
-                to_bf16(x);
+                sdrt_f32_to_bf16(x);
         }
     }
 }
@@ -234,7 +223,7 @@ static TARGET_AMX void attend_rows(const amx_head *hd, int rows, int n_kv, const
         uint16_t *d = hd->qb + (ptrdiff_t)r * 2 * D2;
         const char *qr = q0 + (size_t)r * qnb[1];
         for (int i = 0; i < 2 * D2; i++)
-            d[i] = r < rows && i < D ? to_bf16(*(const float *)(qr + (size_t)i * qnb[0]) * qscale) : 0;
+            d[i] = r < rows && i < D ? sdrt_f32_to_bf16(*(const float *)(qr + (size_t)i * qnb[0]) * qscale) : 0;
     }
     memset(hd->acc, 0, sizeof(float) * (size_t)nrows * ldacc);
     float m[QR], l[QR], alpha[QR];
@@ -261,28 +250,14 @@ static TARGET_AMX void attend_rows(const amx_head *hd, int rows, int n_kv, const
     }
 }
 
-typedef struct {
-    uint8_t palette, start_row;
-    uint8_t reserved[14];
-    uint16_t colsb[16];
-    uint8_t rows[16];
-} tile_config;
-
 static TARGET_AMX void run_tasks(amx_head *hd, sdrt_view q, sdrt_view k, sdrt_view v, sdrt_view o, float qscale,
                                  int nqb, int H, int64_t t0, int64_t t1) {
     const int n_q = (int)q.ne[1], n_kv = (int)k.ne[1];
-    SDRT_ALIGN(64) tile_config cfg, prev;
-    memset(&cfg, 0, sizeof(cfg));
-    cfg.palette = 1;
-    for (int t = 0; t < 8; t++) {
-        cfg.colsb[t] = 64;
-        cfg.rows[t] = 16;
-    }
+    SDRT_ALIGN(64) sdrt_amx_config cfg, prev;
+    sdrt_amx_config_default(&cfg);
     cfg.colsb[TAT] = (uint16_t)(4 * hd->tD);
     cfg.rows[TBT] = (uint8_t)hd->tD;
-    _tile_storeconfig(&prev); /* the caller's configuration, put back at the end (amx.c says why) */
-    AMX_BARRIER();
-    _tile_loadconfig(&cfg);
+    sdrt_amx_tiles_load(&cfg, &prev); /* the caller's configuration, put back at the end (amx.c says why) */
     float *out[QR];
     int last = -1;
     for (int64_t t = t0; t < t1; t++) {
@@ -298,11 +273,7 @@ static TARGET_AMX void run_tasks(amx_head *hd, sdrt_view q, sdrt_view k, sdrt_vi
         attend_rows(hd, rows, n_kv, q.data + (size_t)row0 * q.nb[1] + (size_t)h * q.nb[2] + (size_t)b * q.nb[3], q.nb,
                     qscale, out);
     }
-    if (prev.palette) {
-        _tile_loadconfig(&prev);
-    } else {
-        _tile_release();
-    }
+    sdrt_amx_tiles_end(&prev);
 }
 
 int sdrt_amx_attention(sdrt_view q, sdrt_view k, sdrt_view v, sdrt_view o, float scale, int ith, int nth) {

@@ -72,8 +72,8 @@ static void pairs_unit_scalar(const sdrt_conv_pairs *a, int n, const float *rb, 
 #if defined(SDRT_HAVE_AMX)
 #include <immintrin.h>
 
-#define TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
-#define AMX_BARRIER() __asm__ volatile("" ::: "memory")
+#define TARGET_AMX SDRT_TARGET_AMX
+#define AMX_BARRIER() SDRT_AMX_BARRIER()
 
 /* tile registers: C 0-3 (row tile 0 x pixel tiles 0, 1; row tile 1 x pixel tiles 0, 1), A 4-5, B 6-7 */
 #define TA0 4
@@ -163,13 +163,6 @@ static TARGET_AMX void pair_row(const float *x0, const float *x1, int n, uint16_
 }
 #endif
 
-static uint16_t bf16_of(float f) { /* round to nearest even (NaN kept a NaN) */
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    if ((u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((u >> 16) | 0x40u);
-    return (uint16_t)((u + 0x7FFFu + ((u >> 16) & 1u)) >> 16);
-}
 
 /* whether every tile load stays inside x and W: 16 pairs a step, W's rows hold KH KW C2 pairs, the padded plane
  * holds the image's taps and the last pixel tile's largest tap offset (the slack rows past the padded image) */
@@ -278,8 +271,8 @@ SDRT_EXPORT void sdrt_pair_pad_op(void *dst, int ith, int nth, void *userdata) {
             }
 #endif
             for (int i = 0; i < W; i++) {
-                r[2 * i] = bf16_of(a[i]);
-                r[2 * i + 1] = b ? bf16_of(b[i]) : 0;
+                r[2 * i] = sdrt_f32_to_bf16(a[i]);
+                r[2 * i + 1] = b ? sdrt_f32_to_bf16(b[i]) : 0;
             }
         }
         memset(d + (ptrdiff_t)(top + H) * Wp * 2, 0, (size_t)(Hp - top - H) * Wp * 4);

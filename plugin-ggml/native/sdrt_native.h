@@ -227,6 +227,17 @@ typedef struct sdrt_bf16_kernels_ {
  * ISA is not AVX-512 (SDRT_GGML_GEMM_ISA pins another: the products then widen bf16 to float32) */
 const sdrt_bf16_kernels *sdrt_kernels_bf16(void);
 int sdrt_cpu_has_bf16(void);
+/* float32 -> bf16 bits, round to nearest even (a NaN kept a NaN) */
+static inline uint16_t sdrt_f32_to_bf16(float f) {
+    union {
+        uint32_t u;
+        float f;
+    } v;
+    v.f = f;
+    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u)
+        return (uint16_t)((v.u >> 16) | 0x40u);
+    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+}
 /* bf16 bits -> float32 (exact) */
 static inline float sdrt_bf16_to_f32(uint16_t h) {
     union {
@@ -306,6 +317,11 @@ static inline void sdrt_tile_out_rows(sdrt_tile_out *o, const sdrt_block_out *ou
 #if defined(SDRT_X86) && defined(__x86_64__) && defined(__linux__) &&                                        \
     ((defined(__GNUC__) && !defined(__clang__) && __GNUC__ >= 11) || (defined(__clang__) && __clang_major__ >= 12))
 #define SDRT_HAVE_AMX 1
+/* the target of every function with tile instructions (amx.c, amx_attention.c, amx_conv.c) */
+#define SDRT_TARGET_AMX __attribute__((target("amx-tile,amx-bf16,avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma")))
+/* GCC's tile intrinsics are asm statements that do not say which memory a tile load reads: a barrier after the
+ * buffers they read are written */
+#define SDRT_AMX_BARRIER() __asm__ volatile("" ::: "memory")
 /* the blocked bf16 product on tiles (sdrt_block_bf16's arguments; bk unused) */
 void sdrt_amx_block_bf16(const sdrt_bf16_kernels *bk, int m, int k2, const uint32_t *a, ptrdiff_t lda,
                          const uint16_t *b, ptrdiff_t pstride, int panels, const sdrt_block_out *out, int acc, int last);
@@ -321,6 +337,10 @@ typedef struct {
 } sdrt_amx_config;
 /* tiles 0-7 configured as 16 rows of 64 bytes, the caller's configuration (palette 0: none) saved to *prev */
 void sdrt_amx_tiles_begin(sdrt_amx_config *prev);
+/* as sdrt_amx_tiles_begin, with cfg (palette 1: tiles of other shapes) loaded instead */
+void sdrt_amx_tiles_load(const sdrt_amx_config *cfg, sdrt_amx_config *prev);
+/* cfg filled as sdrt_amx_tiles_begin loads it: palette 1, tiles 0-7 of 16 rows of 64 bytes */
+void sdrt_amx_config_default(sdrt_amx_config *cfg);
 /* the caller's configuration loaded again, or the tiles released where there was none */
 void sdrt_amx_tiles_end(const sdrt_amx_config *prev);
 /* n (<= 16) floats v (+ bias, + res[i] where res is not NULL, then ep's activation) to c: a run of a C tile's row */
