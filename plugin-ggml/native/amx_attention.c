@@ -1,15 +1,16 @@
 /* Attention at bf16 on AMX tiles: sdrt_attention_op's path at precision bf16 without a mask (the UNets' and DiTs'
  * self- and cross-attention), on a CPU with AMX-BF16 (amx.c says whether the tiles are granted and on).
  *
- * Per (batch, head) the thread rounds K and V to bf16 once, in the B layouts of tdpbf16ps: K as [key tile][D pair]
- * [16 keys][2] (a key tile's pair rows are a B tile of the scores), V as [column tile][key pair][16 columns][2] (a
- * B tile of the weighted sum). Per task of 32 query rows (two row tiles; Q scaled by scale x log2 e, rounded to bf16
- * pairs, an A tile), keys go in blocks of KBLK:
+ * Per (batch, head) the thread rounds K and V to bf16 once (vcvtne2ps2bf16), in the B layouts of tdpbf16ps: K as
+ * [key tile][D pair][16 keys][2] (a key tile's pair rows are a B tile of the scores), V as [column tile][key pair]
+ * [16 columns][2] (a B tile of the weighted sum). Per task of 32 query rows (two row tiles; Q scaled by scale x
+ * log2 e, rounded to bf16 pairs, an A tile), keys go in blocks of KBLK:
  *   S = Q K^T on tiles (four key tiles a row tile, the head dim in steps of 16 pairs, the last step on tail tiles
  *       of the pairs left: no padding of D), stored as float32;
- *   the online softmax in AVX-512: each row's block maximum, the running maximum m, alpha = 2^(m_old - m),
- *       P = 2^(S - m) (a degree-5 polynomial and vscalefps; P is rounded to bf16, so its 2e-6 error is nothing),
- *       the row sums l from the float32 P, P stored as bf16 (an A tile: 32 keys a row);
+ *   the online softmax in AVX-512: P = 2^(S - m) (a degree-3 polynomial and vscalefps; P is rounded to bf16, 26x
+ *       coarser than its 7.5e-5) with m the running maximum, which a later block moves only where its scores exceed
+ *       m by more than LAZY_MAX (then alpha = 2^(m_old - m), else 1), the row sums l from the float32 P, P stored as
+ *       bf16 (an A tile: 32 keys a row);
  *   O_block = P V on tiles (up to four column tiles at a time), stored, and acc = acc alpha + O_block;
  * and at the end out = acc / l. Like a bf16 compile of OpenVINO or onnxruntime, the products are of bf16-rounded
  * operands with float32 sums: the precision the user asked for, on the CPU's bf16 engine.
@@ -51,38 +52,65 @@ typedef struct {
     float *obuf;           /* 4 C tiles */
 } amx_head;
 
-/* 2^x for x <= 0 (below -126: about 0) */
+/* 2^x for x <= 0 (below -126: about 0) and up to LAZY_MAX (softmax_block), within 7.5e-5 relative: a degree-3
+ * polynomial on [-1/2, 1/2] (minimax in the relative error) and vscalefps. P is rounded to bf16 (2^-9 relative),
+ * 26x coarser, so degree 5 (2e-6) only cost two multiply-adds a vector. */
 static TARGET_AMX inline __m512 exp2_neg(__m512 x) {
     x = _mm512_max_ps(_mm512_set1_ps(-126.0f), x);
     const __m512 n = _mm512_roundscale_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
     const __m512 r = _mm512_sub_ps(x, n); /* |r| <= 0.5 */
-    __m512 p = _mm512_set1_ps(1.3333558e-3f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.6181291e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.5504109e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4022651e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9314718e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    __m512 p = _mm512_set1_ps(5.5171654e-2f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(2.4261115e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(6.9326097e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(9.9992806e-1f));
     return _mm512_scalef_ps(p, n);
 }
 
-/* round this head's K and V to bf16 in their B layouts, keys past n_kv zero */
-static void pack_head(const amx_head *hd, const char *kh, const size_t *knb, const char *vh, const size_t *vnb,
-                      int n_kv) {
-    const int D = hd->D, D2 = hd->D2, Dv = hd->Dv, nk2 = hd->nk / 2;
-    for (int j = 0; j < hd->nk; j++) {
-        uint16_t *dst = hd->kp + ((size_t)(j / 16) * D2 * 16 + (size_t)(j % 16)) * 2;
-        const char *kr = kh + (size_t)j * knb[1];
-        for (int d = 0; d < 2 * D2; d++) {
-            const float x = j < n_kv && d < D ? *(const float *)(kr + (size_t)d * knb[0]) : 0.0f;
-            dst[(size_t)(d / 2) * 32 + (d & 1)] = sdrt_f32_to_bf16(x);
-        }
+/* 16 floats of a row from element i (elements `stride` bytes apart), those at n and past it 0 */
+static TARGET_AMX inline __m512 load16(const char *row, size_t stride, int i, int n) {
+    if (i >= n)
+        return _mm512_setzero_ps();
+    const int k = n - i < 16 ? n - i : 16;
+    if (stride == 4)
+        return _mm512_maskz_loadu_ps((__mmask16)((1u << k) - 1), row + (size_t)i * 4);
+    float t[16] = {0};
+    for (int e = 0; e < k; e++)
+        t[e] = *(const float *)(row + (size_t)(i + e) * stride);
+    return _mm512_loadu_ps(t);
+}
+
+/* the row's first n floats times scale, zeros up to npad (even), rounded to bf16 (vcvtne2ps2bf16) into dst */
+static TARGET_AMX void row_bf16(const char *row, size_t stride, int n, int npad, float scale, uint16_t *dst) {
+    const __m512 sc = _mm512_set1_ps(scale);
+    for (int i = 0; i < npad; i += 32) {
+        const __m512 a = _mm512_mul_ps(load16(row, stride, i, n), sc);
+        const __m512 b = _mm512_mul_ps(load16(row, stride, i + 16, n), sc);
+        const __mmask32 mk = npad - i >= 32 ? 0xffffffffu : (__mmask32)((1u << (npad - i)) - 1);
+        _mm512_mask_storeu_epi16(dst + i, mk, (__m512i)_mm512_cvtne2ps_pbh(b, a));
     }
-    for (int j = 0; j < hd->nk; j++) {
-        const char *vr = vh + (size_t)j * vnb[1];
-        for (int c = 0; c < 16 * hd->ct; c++) {
-            const float x = j < n_kv && c < Dv ? *(const float *)(vr + (size_t)c * vnb[0]) : 0.0f;
-            hd->vp[(((size_t)(c / 16) * nk2 + (size_t)(j / 2)) * 16 + (size_t)(c % 16)) * 2 + (size_t)(j & 1)] =
-                sdrt_f32_to_bf16(x);
+}
+
+/* round this head's K and V to bf16 in their B layouts, keys past n_kv zero; tmp: 2 D2 values */
+static TARGET_AMX void pack_head(const amx_head *hd, const char *kh, const size_t *knb, const char *vh,
+                                 const size_t *vnb, int n_kv, uint16_t *tmp) {
+    const int D = hd->D, D2 = hd->D2, Dv = hd->Dv, nk2 = hd->nk / 2;
+    for (int j = 0; j < hd->nk; j++) { /* a key's pairs go 16 pairs (one per key of its tile) apart */
+        row_bf16(kh + (size_t)j * knb[1], knb[0], j < n_kv ? D : 0, 2 * D2, 1.0f, tmp);
+        uint16_t *dst = hd->kp + ((size_t)(j / 16) * D2 * 16 + (size_t)(j % 16)) * 2;
+        for (int d2 = 0; d2 < D2; d2++)
+            memcpy(dst + (size_t)d2 * 32, tmp + 2 * d2, 4);
+    }
+    /* keys j and j + 1 of 16 columns: the two rows rounded side by side, then interleaved into pairs */
+    const __m512i inter = _mm512_set_epi16(31, 15, 30, 14, 29, 13, 28, 12, 27, 11, 26, 10, 25, 9, 24, 8, 23, 7, 22,
+                                           6, 21, 5, 20, 4, 19, 3, 18, 2, 17, 1, 16, 0);
+    for (int j = 0; j < hd->nk; j += 2) {
+        const char *v0 = vh + (size_t)j * vnb[1], *v1 = v0 + vnb[1];
+        const int n0 = j < n_kv ? Dv : 0, n1 = j + 1 < n_kv ? Dv : 0;
+        for (int c = 0; c < hd->ct; c++) {
+            const __m512i w = (__m512i)_mm512_cvtne2ps_pbh(load16(v1, vnb[0], 16 * c, n1),
+                                                           load16(v0, vnb[0], 16 * c, n0));
+            _mm512_storeu_si512((void *)(hd->vp + (((size_t)c * nk2 + (size_t)(j / 2)) * 16) * 2),
+                                _mm512_permutexvar_epi16(inter, w));
         }
     }
 }
@@ -138,38 +166,72 @@ static TARGET_AMX void scores(const amx_head *hd, int rt, int kt0, int nkt) {
     }
 }
 
-/* the online softmax of `rows` rows over a block of kb keys (kv of them real): P (bf16), alpha, m and l */
-static TARGET_AMX void softmax_block(const amx_head *hd, int rows, int kb, int kv, float *m, float *l, float *alpha) {
-    const __mmask16 tailm = (__mmask16)((1u << (kv % 16)) - 1);
+/* P = 2^(S - m) of one row's block of kb keys (those from kv on weigh 0), stored bf16; returns the row sum of the
+ * float32 P and sets *smax to the block's largest score */
+static TARGET_AMX inline float exp_row(const float *s, uint16_t *p, int kb, int kv, float m, float *smax) {
+    const __m512 mv = _mm512_set1_ps(m), ninf = _mm512_set1_ps(-INFINITY);
+    __m512 sum = _mm512_setzero_ps(), mx = ninf;
+    for (int c = 0; c < kb; c += 32) {
+        __m512 s0, s1, e0, e1;
+        if (c + 32 <= kv) {
+            s0 = _mm512_loadu_ps(s + c);
+            s1 = _mm512_loadu_ps(s + c + 16);
+            e0 = exp2_neg(_mm512_sub_ps(s0, mv));
+            e1 = exp2_neg(_mm512_sub_ps(s1, mv));
+        } else { /* the keys past n_kv weigh 0 */
+            const __mmask16 m0 = c + 16 <= kv ? 0xffff : c < kv ? (__mmask16)((1u << (kv - c)) - 1) : 0;
+            const __mmask16 m1 = c + 32 <= kv ? 0xffff : c + 16 < kv ? (__mmask16)((1u << (kv - c - 16)) - 1) : 0;
+            s0 = _mm512_mask_loadu_ps(ninf, m0, s + c);
+            s1 = _mm512_mask_loadu_ps(ninf, m1, s + c + 16);
+            e0 = _mm512_maskz_mov_ps(m0, exp2_neg(_mm512_sub_ps(s0, mv)));
+            e1 = _mm512_maskz_mov_ps(m1, exp2_neg(_mm512_sub_ps(s1, mv)));
+        }
+        mx = _mm512_max_ps(mx, _mm512_max_ps(s0, s1));
+        sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
+        _mm512_storeu_si512((void *)(p + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
+    }
+    *smax = _mm512_reduce_max_ps(mx);
+    return _mm512_reduce_add_ps(sum);
+}
+
+/* the largest of a row's first kv scores */
+static TARGET_AMX inline float row_max(const float *s, int kv) {
     const int kv16 = kv / 16 * 16;
+    __m512 mx = _mm512_set1_ps(-INFINITY);
+    for (int c = 0; c < kv16; c += 16)
+        mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + c));
+    if (kv16 < kv)
+        mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(mx, (__mmask16)((1u << (kv % 16)) - 1), s + kv16));
+    return _mm512_reduce_max_ps(mx);
+}
+
+/* how far a block's largest score may exceed the running maximum m before m moves (P up to 2^LAZY_MAX) */
+#define LAZY_MAX 8.0f
+
+/* the online softmax of `rows` rows over a block of kb keys (kv of them real): P (bf16), alpha, m and l. The
+ * running maximum m is the first block's and moves only where a later block's exceeds it by more than LAZY_MAX
+ * (that row's P is then computed again): P = 2^(S - m) is up to 2^LAZY_MAX, exact enough in float32 and bf16 alike,
+ * and a block's scores are read once, not twice (maximum, then exponents), and its alpha is 1. */
+static TARGET_AMX void softmax_block(const amx_head *hd, int rows, int kb, int kv, float *m, float *l, float *alpha) {
     for (int r = 0; r < rows; r++) {
         const float *s = hd->s + (ptrdiff_t)r * KBLK;
         uint16_t *p = hd->p + (ptrdiff_t)r * KBLK;
-        __m512 mx = _mm512_set1_ps(-INFINITY);
-        for (int c = 0; c < kv16; c += 16)
-            mx = _mm512_max_ps(mx, _mm512_loadu_ps(s + c));
-        if (kv16 < kv)
-            mx = _mm512_max_ps(mx, _mm512_mask_loadu_ps(_mm512_set1_ps(-INFINITY), tailm, s + kv16));
-        const float bmax = _mm512_reduce_max_ps(mx), mnew = bmax > m[r] ? bmax : m[r];
-        alpha[r] = m[r] == -INFINITY ? 0.0f : exp2f(m[r] - mnew);
-        const __m512 mv = _mm512_set1_ps(mnew);
-        __m512 sum = _mm512_setzero_ps();
-        for (int c = 0; c < kb; c += 32) {
-            __m512 e0, e1;
-            if (c + 32 <= kv16) {
-                e0 = exp2_neg(_mm512_sub_ps(_mm512_loadu_ps(s + c), mv));
-                e1 = exp2_neg(_mm512_sub_ps(_mm512_loadu_ps(s + c + 16), mv));
-            } else { /* the keys past n_kv weigh 0 */
-                const __mmask16 m0 = c + 16 <= kv ? 0xffff : c < kv ? (__mmask16)((1u << (kv - c)) - 1) : 0;
-                const __mmask16 m1 = c + 32 <= kv ? 0xffff : c + 16 < kv ? (__mmask16)((1u << (kv - c - 16)) - 1) : 0;
-                e0 = _mm512_maskz_mov_ps(m0, exp2_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m0, s + c), mv)));
-                e1 = _mm512_maskz_mov_ps(m1, exp2_neg(_mm512_sub_ps(_mm512_maskz_loadu_ps(m1, s + c + 16), mv)));
+        const float mold = m[r];
+        float smax, sum;
+        if (mold == -INFINITY) { /* the first block: its maximum */
+            sum = exp_row(s, p, kb, kv, row_max(s, kv), &smax);
+            m[r] = smax;
+            alpha[r] = 0.0f;
+        } else {
+            sum = exp_row(s, p, kb, kv, mold, &smax);
+            alpha[r] = 1.0f;
+            if (smax > mold + LAZY_MAX) {
+                sum = exp_row(s, p, kb, kv, smax, &smax);
+                m[r] = smax;
+                alpha[r] = exp2f(mold - smax);
             }
-            sum = _mm512_add_ps(sum, _mm512_add_ps(e0, e1));
-            _mm512_storeu_si512((void *)(p + c), (__m512i)_mm512_cvtne2ps_pbh(e1, e0));
         }
-        l[r] = l[r] * alpha[r] + _mm512_reduce_add_ps(sum);
-        m[r] = mnew;
+        l[r] = l[r] * alpha[r] + sum;
     }
 }
 
@@ -219,12 +281,8 @@ static TARGET_AMX void weighted_sum(const amx_head *hd, int rt, int k0, int kb, 
 static TARGET_AMX void attend_rows(const amx_head *hd, int rows, int n_kv, const char *q0, const size_t *qnb,
                                    float qscale, float *const *out) {
     const int rtiles = (rows + 15) / 16, nrows = 16 * rtiles, D = hd->D, D2 = hd->D2, ldacc = 16 * hd->ct;
-    for (int r = 0; r < nrows; r++) {
-        uint16_t *d = hd->qb + (ptrdiff_t)r * 2 * D2;
-        const char *qr = q0 + (size_t)r * qnb[1];
-        for (int i = 0; i < 2 * D2; i++)
-            d[i] = r < rows && i < D ? sdrt_f32_to_bf16(*(const float *)(qr + (size_t)i * qnb[0]) * qscale) : 0;
-    }
+    for (int r = 0; r < nrows; r++)
+        row_bf16(q0 + (size_t)r * qnb[1], qnb[0], r < rows ? D : 0, 2 * D2, qscale, hd->qb + (ptrdiff_t)r * 2 * D2);
     memset(hd->acc, 0, sizeof(float) * (size_t)nrows * ldacc);
     float m[QR], l[QR], alpha[QR];
     for (int r = 0; r < nrows; r++) {
@@ -264,7 +322,7 @@ static TARGET_AMX void run_tasks(amx_head *hd, sdrt_view q, sdrt_view k, sdrt_vi
         const int bh = (int)(t / nqb), qb = (int)(t % nqb), b = bh / H, h = bh % H;
         if (bh != last) {
             pack_head(hd, k.data + (size_t)h * k.nb[2] + (size_t)b * k.nb[3], k.nb,
-                      v.data + (size_t)h * v.nb[2] + (size_t)b * v.nb[3], v.nb, n_kv);
+                      v.data + (size_t)h * v.nb[2] + (size_t)b * v.nb[3], v.nb, n_kv, hd->qb);
             last = bh;
         }
         const int row0 = qb * QR, rows = n_q - row0 < QR ? n_q - row0 : QR;

@@ -3,7 +3,8 @@ float64 on the operands the tiles multiply: Q scaled by scale x log2 e and round
 What is left is the rounding of the softmax weights to bf16 (relative 2^-9 each), so each output is within 2^-8 of
 sum_j p_j |v_j| (plus float32 sums). Shapes: head dims that end in a partial step of 16 pairs (40: SD 1.5's,
 odd ones), values past a multiple of 16 columns, keys past a multiple of 32 and across blocks of 512, query rows
-past a multiple of 16 and 32, K and V read through transposed views, 1 to 3 threads, ggml's threads and the pool.
+past a multiple of 16 and 32, K and V read through transposed views, 1 to 3 threads, ggml's threads and the pool,
+a later block whose scores move the running maximum.
 Also: without bf16, with a mask, or with the tiles turned off the op keeps its float32 path (1e-4), and a bf16
 lowering of an attention graph takes the bf16 path."""
 
@@ -107,6 +108,20 @@ def test_amx_attention_matches_the_bf16_operands(ops, shape, threads):
     exact = reference_attention(q, k, v, None, scale)
     if shape[3] > 1:
         assert np.abs(got - exact).max() > 1e-4
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_amx_attention_a_later_key_far_above_the_first_block(ops, threads):
+    """The running maximum is the first 512-key block's and moves only where a later block's exceeds it by more than
+    8 (weights up to 2^8): a key of 1100 whose scores are far above the rest in about half the rows (there it moves)
+    and far below in the others, where a later block's largest score is mostly a little above the first block's
+    (there it stays)."""
+    shape = (1, 2, 48, 1100, 40, 40)
+    q, k, v = _inputs(shape, 5)
+    k[:, :, 700] = 8.0
+    got = run_native_graph(_graph(ops, q, k, v, None, 40**-0.5, True), threads).transpose(0, 2, 1, 3)
+    want, bound = bf16_reference(q, k, v, 40**-0.5)
+    assert np.isfinite(got).all() and (np.abs(got - want) / bound).max() <= 1.0
 
 
 @pytest.mark.parametrize("via", ["ggml", "pool"])
