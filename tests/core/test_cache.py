@@ -485,3 +485,39 @@ def test_the_same_values_in_memory_have_one_identity_wherever_they_come_from():
     assert weights_identity(graph, Weights.from_arrays(graph.initializer_arrays())) == own
     assert weights_identity(graph, Weights.from_graph(graph)) == own
     assert weights_identity(graph, Weights.from_arrays({"w": np.zeros((4, 4), np.float32)})) != own
+
+
+def test_the_cache_command_counts_and_clears_the_stores_kept_beside_the_compile_cache(tmp_path, capsys, monkeypatch):
+    """Quantized graphs (as large as their weights) and pinned shapes are made by sdrt's own writers under the cache
+    root: ``sdrt cache list`` counts them, ``clear --backend`` leaves them, ``clear`` removes them (and only them:
+    the calibration and a file sdrt did not write stay)."""
+    from onnx import TensorProto, helper
+
+    from sdrt import quantization
+    from sdrt.cli import main
+    from sdrt.graph import Graph
+
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], np.ones((64, 64), np.float32))
+    g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])], [w])
+    graph = Graph(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    quantization.cached(graph, "int8")
+    graph.with_shapes(n=2)
+    put(CompileCache("openvino", tmp_path), KEY, bytes(1024))
+    (tmp_path / "calibration").mkdir()
+    (tmp_path / "calibration" / "calibration.json").write_text("{}")
+    (tmp_path / "pinned" / "notes.txt").write_text("mine")
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "also 1 quantized graph (" in out and "and 1 pinned-shape entry (" in out
+    assert main(["cache", "clear", "--backend", "openvino", "--cache-dir", str(tmp_path)]) == 0
+    assert "quantized" not in capsys.readouterr().out and list((tmp_path / "quantized").iterdir())
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "and 1 quantized graph (" in out and f"left 1 file sdrt did not write: {tmp_path / 'pinned' / 'notes.txt'}" in out
+    assert not (tmp_path / "quantized").exists() and [p.name for p in (tmp_path / "pinned").iterdir()] == ["notes.txt"]
+    assert (tmp_path / "calibration" / "calibration.json").read_text() == "{}"
+    assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
+    assert "also" not in capsys.readouterr().out

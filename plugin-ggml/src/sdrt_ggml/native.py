@@ -227,6 +227,13 @@ def _declare(lib: ctypes.CDLL) -> None:
     lib.sdrt_pool_workers.restype = I
     lib.sdrt_pool_jobs.argtypes = []
     lib.sdrt_pool_jobs.restype = ctypes.c_long
+    L = ctypes.c_int64  # noqa: N806
+    lib.sdrt_pack_b_bf16.argtypes = [P, L, L, L, L, P]
+    lib.sdrt_pack_b_bf16.restype = None
+    lib.sdrt_bf16_rows.argtypes = [P, L, L, L, P]
+    lib.sdrt_bf16_rows.restype = None
+    lib.sdrt_pairs_weights.argtypes = [P, L, L, L, L, P]
+    lib.sdrt_pairs_weights.restype = None
 
 
 def _check_layout(lib: ctypes.CDLL, g: Any) -> str | None:
@@ -273,7 +280,7 @@ def _self_test(n: Native, g: Any) -> str | None:
         outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True, state=state_tensor(g, ctx) if tr else None)
                 for tr in (False, True)]
         # the bf16 product (vdpbf16ps, or widened bf16 weights): against the rounded operands
-        tw16 = _tensor(g, ctx, pack_b_bf16(w), dtype=np.uint16)
+        tw16 = _tensor(g, ctx, pack_b_bf16(w, n.lib), dtype=np.uint16)
         outs.append(gemm_op(n, g, ctx, ta, tw16, tb, m=m, n=nn, packed=True, bf16=True, state=state_tensor(g, ctx)))
         gf = g.ggml_new_graph(ctx)
         for o in outs:
@@ -379,35 +386,30 @@ def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
                           tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
 
-def pack_b_bf16(w: np.ndarray) -> np.ndarray:
+def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
     """B given as (N, K) rows -> bf16 panels of 32 columns, each two halves of 16, each K as ceil(K/2) pairs
     with the pair of a column side by side: (ceil(N/32), 2, ceil(K/2), 16 x 2) uint16 (bf16 bit patterns, zero
     columns and a zero last K where N or K fall short); what ``sdrt_gemm_op`` reads with ``bf16=True``
-    (vdpbf16ps multiplies a pair of K a lane: native/sdrt_native.h)."""
-    from .half import bf16_bits
-
+    (vdpbf16ps multiplies a pair of K a lane: native/sdrt_native.h). Written by native/pack.c in one pass, from
+    ``w`` in place where it is a float32 view with positive strides (a transposed weight)."""
     w = np.asarray(w, dtype=np.float32)
+    if w.ndim != 2 or any(st <= 0 or st % 4 for st in w.strides):
+        w = np.ascontiguousarray(w)
     n, k = w.shape
-    p, k2 = -(-n // NR), -(-k // 2)
-    full = np.zeros((p * NR, 2 * k2), np.float32)
-    full[:n, :k] = w
-    # (p, half, 16, k2, 2) -> (p, half, k2, 16, 2), the last two dims as one (a ggml tensor has 4)
-    return np.ascontiguousarray(bf16_bits(full).reshape(p, 2, NR // 2, k2, 2).transpose(0, 1, 3, 2, 4)).reshape(
-        p, 2, k2, NR)
+    out = np.empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
+    (lib or _lib()).sdrt_pack_b_bf16(w.ctypes.data, n, k, w.strides[0] // 4, w.strides[1] // 4, out.ctypes.data)
+    return out
 
 
 def bf16_rows(w: np.ndarray) -> np.ndarray:
     """A conv's kernel rows (OC, K) as bf16 bit patterns (uint16), each row padded with zeros to an even
     length whose pairs (4 bytes each) do not crowd into a few L1 sets (``row_stride``): ``sdrt_conv_op``'s
     W with ``conv_params(bf16=True)``."""
-    from .half import bf16_bits
-
-    w = np.asarray(w, dtype=np.float32)
+    w = np.ascontiguousarray(w, dtype=np.float32)
     oc, k = w.shape
-    ld = 2 * row_stride(-(-k // 2))
-    out = np.zeros((oc, ld), np.float32)
-    out[:, :k] = w
-    return bf16_bits(out)
+    out = np.empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
+    _lib().sdrt_bf16_rows(w.ctypes.data, oc, k, out.shape[1], out.ctypes.data)
+    return out
 
 
 def pairs_rows(lowering: Any, arr: np.ndarray) -> Any:
@@ -425,13 +427,20 @@ def pairs_count(c: int) -> int:
 def pairs_weights(w: np.ndarray) -> np.ndarray:
     """A kernel (OC, C, KH, KW) as bf16 bit patterns [OC16][tap][C2][2] (``pairs_count`` pairs, zeros past C; rows
     past OC zero up to a multiple of 16): ``sdrt_conv_op``'s W with ``conv_params(bf16=2)`` (native/amx_conv.c)."""
-    from .half import bf16_bits
-
+    w = np.ascontiguousarray(w, dtype=np.float32)
     oc, c, kh, kw = w.shape
     c2 = pairs_count(c)
-    out = np.zeros((-(-oc // 16) * 16, kh * kw, 2 * c2), np.float32)
-    out[:oc, :, :c] = np.asarray(w, np.float32).reshape(oc, c, kh * kw).transpose(0, 2, 1)
-    return bf16_bits(out.reshape(out.shape[0], -1))
+    out = np.empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)
+    _lib().sdrt_pairs_weights(w.ctypes.data, oc, c, kh * kw, c2, out.ctypes.data)
+    return out
+
+
+def _lib() -> ctypes.CDLL:
+    """The native library, for the weight layouts (only lowerings that use the native kernels make them)."""
+    n = native()
+    if n is None:
+        raise RuntimeError(f"sdrt-ggml's native kernels are not loaded ({unavailable_reason()})")
+    return n.lib
 
 
 def pair_pad_op(nat: Native, g: Any, ctx: Any, x: Any, params: Any, *, wp: int, hp: int, c2: int, n: int) -> Any:

@@ -17,7 +17,8 @@ EMPTY_OK: frozenset[str] | set[str] = frozenset()
 def add_parser(sub: Any) -> argparse.ArgumentParser:
     p = sub.add_parser("cache", help="list, clear or prune the compile cache ($SDRT_CACHE_DIR/compiled)")
     p.add_argument("action", choices=["list", "clear", "prune"],
-                   help="list: every entry, least recently used first; clear: remove every entry (only what sdrt "
+                   help="list: every entry, least recently used first; clear: remove every entry, and (without "
+                        "--backend) the quantized graphs and pinned shapes kept beside them (only what sdrt "
                         "wrote: anything else in the cache folders stays, and is listed); "
                         "prune: evict least recently used entries down to --max-size")
     p.add_argument("--backend", default=None, help="only this backend's entries (list, clear)")
@@ -50,8 +51,15 @@ def _files(paths: list[Path]) -> str:
     return shown + (f" and {len(paths) - 5} more" if len(paths) > 5 else "")
 
 
+def _derived(found: dict[str, Any]) -> str:
+    """``3 quantized graphs (1.2 GiB) and 40 pinned-shape entries (9.1 MiB)``"""
+    nouns = {"quantized": ("quantized graph", "quantized graphs"), "pinned": ("pinned-shape entry", "pinned-shape entries")}
+    return " and ".join(f"{len(h.entries)} {nouns[name][len(h.entries) != 1]} ({_size(h.size)})"
+                        for name, h in found.items())
+
+
 def run(args: argparse.Namespace) -> int:
-    from ..cache import CompileCache, parse_size
+    from ..cache import CompileCache, derived, parse_size
     from ..cache.store import LEGACY
     from ..errors import SdrtError
 
@@ -103,13 +111,19 @@ def run(args: argparse.Namespace) -> int:
         if legacy and not args.backend:
             print(f"also {_size(sum(legacy.values()))} in the cache folders of sdrt 0.1 ({', '.join(legacy)}), "
                   "which nothing reads any more: sdrt cache clear removes them")
+        kept = {n: h for n, h in (derived.held(cache.root) if not args.backend else {}).items() if h.entries}
+        if kept:
+            print(f"also {_derived(kept)} in {cache.root}, made again when needed: sdrt cache clear removes them")
         return 0
     if args.action == "clear":
         done = cache.clear(args.backend)
+        gone, left = derived.clear(cache.root) if not args.backend else ({}, [])
+        done.foreign.extend(left)
         where = cache.compiled / args.backend if args.backend else cache.compiled
         print(f"removed {len(done.entries)} entries ({_size(sum(e.size for e in done.entries))}) from {where}"
               + (f", {len(done.leftovers)} leftovers of interrupted writes" if done.leftovers else "")
-              + (f" and {len(done.legacy)} entries of sdrt 0.1's caches" if done.legacy else ""))
+              + (f" and {len(done.legacy)} entries of sdrt 0.1's caches" if done.legacy else "")
+              + (f"; and {_derived(gone)} from {cache.root}" if gone else ""))
         if done.foreign:
             n = len(done.foreign)
             kind = "file" if all(p.is_file() for p in done.foreign) else "file or folder"

@@ -90,6 +90,9 @@ class Graph:
         self._external: dict[str, onnxfile.ExternalRef | None] = dict(external or {})
         #: the external data files ``load`` found, whether their bytes were read in or stay mapped
         self.read_from: tuple[Path, ...] = tuple(read_from)
+        #: ``with_shapes``'s graphs: the digest of the pinned structure (``shapes.pin_shapes``); whatever is read
+        #: from the pinned shapes alone may be kept under it (``pinned_store.load_fact``)
+        self.pinned_as: bytes | None = None
 
     # -- loading -------------------------------------------------------
     @classmethod
@@ -313,7 +316,10 @@ class Graph:
         ``g.with_shapes(batch=2)``. For input names that are not Python
         identifiers pass a dict: ``g.with_shapes({"input.1": (1, 77)})``.
         """
-        return self.derive(pin_shapes(self, {**(shapes or {}), **more}))
+        model, key = pin_shapes(self, {**(shapes or {}), **more})
+        pinned = self.derive(model)
+        pinned.pinned_as = key
+        return pinned
 
     def fold_constants(self, *, max_bytes: int = 1 << 20, fold_weights: bool = False) -> Graph:
         """Evaluate constant subgraphs and remove dead nodes; returns a new Graph.

@@ -36,8 +36,9 @@ def _as_shape(name: str, value: Any) -> tuple[int, ...]:
     return dims
 
 
-def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.ModelProto:
-    """A copy of the graph's model with the given inputs/dims pinned and all shapes inferred."""
+def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> tuple[onnx.ModelProto, bytes]:
+    """A copy of the graph's model with the given inputs/dims pinned and all shapes inferred, and the digest of
+    what inference read (the pinned structure, ``_memo_key``): what the copy's shapes tell depends on it alone."""
     import onnx
 
     inputs = {i.name: i for i in graph.inputs}
@@ -113,7 +114,7 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
             _remember(key, known)
     if known is not None:  # the same structure pinned the same way before (the plan, the dry run, the compile)
         _restore(model, known)
-        return model
+        return model, key
     apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
     if not _all_static(model):
         _complete_with_folding(graph, model)
@@ -127,7 +128,7 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> onnx.Mo
              [o.type.SerializeToString() for o in model.graph.output])
     _remember(key, found)
     pinned_store.store(key, found)
-    return model
+    return model, key
 
 
 def _remember(key: bytes, found: tuple[list[bytes], list[bytes]]) -> None:

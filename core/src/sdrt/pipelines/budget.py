@@ -610,10 +610,10 @@ class MemoryMixin:
                      parts: Mapping[str, Part] | None = None) -> tuple[dict[str, int], dict[str, Any]]:
         """Each part's most activation bytes at once over its calls (``streaming.activation_peaks`` on its graph
         pinned to each call's shapes; halved where the backend keeps activations in 16 bits at the part's
-        precision; kept across processes, ``sdrt.cache.shapes``), and each part's heaviest call as (part, name,
-        shapes, scale): the denoiser's split pins its graph to it."""
-        from ..cache import shapes as facts
-        from .streaming import activation_peaks
+        precision; kept across processes under the pinned structure, ``graph.pinned_store``), and each part's
+        heaviest call as (part, name, shapes, scale): the denoiser's split pins its graph to it."""
+        from ..graph import pinned_store
+        from .streaming import PEAK_FACT, activation_peaks
 
         out: dict[str, int] = {}
         pinned: dict[str, Any] = {}
@@ -625,18 +625,16 @@ class MemoryMixin:
             scale = 0.5 if precision in getattr(be, "half_activations", ()) else 1.0
             lean = None
             for shapes in shapes_list:
-                key = facts.key_of_part(part, dict(shapes), "activations")
-                raw = facts.load_peak(key) if key is not None else None
-                if raw is None:  # pinned now (and kept for the next process)
-                    lean = lean if lean is not None else self._run_graph(name, part)
-                    try:
-                        g = lean.with_shapes(dict(shapes))
-                    except Exception as exc:  # noqa: BLE001 - an estimate: a graph that will not pin counts none
-                        log.debug("memory: no activation estimate for %s: %s", name, exc)
-                        continue
+                lean = lean if lean is not None else self._run_graph(name, part)
+                try:
+                    g = lean.with_shapes(dict(shapes))
+                except Exception as exc:  # noqa: BLE001 - an estimate: a graph that will not pin counts none
+                    log.debug("memory: no activation estimate for %s: %s", name, exc)
+                    continue
+                raw = pinned_store.load_fact(g.pinned_as, PEAK_FACT)
+                if raw is None:  # worked out now (and kept for the next process)
                     raw = int(activation_peaks(g)[0])
-                    if key is not None:
-                        facts.store_peak(key, raw)
+                    pinned_store.store_fact(g.pinned_as, PEAK_FACT, raw)
                 peak = int(raw * scale)
                 if peak >= out.get(name, -1):
                     out[name], pinned[name] = peak, (part, name, dict(shapes), scale)

@@ -258,21 +258,10 @@ class Part:
         return out
 
     def _dry_outputs(self, dims: dict[str, tuple[int, ...]]) -> dict[str, tuple[tuple[int | str, ...], str]]:
-        """The outputs' shapes and dtypes at ``dims``: from the shapes cache (``sdrt.cache.shapes``) where this
-        graph is the file's and an earlier process pinned it, else pinned now (and kept there)."""
-        from ..cache import shapes as dry_cache
-
-        graph = self.graph
-        stored = dry_cache.key_of_part(self, dims, "outputs")
-        if stored is not None:
-            hit = dry_cache.load_outputs(stored)
-            if hit is not None:
-                return hit
-        found = {t.name: (tuple(d if isinstance(d, int) else str(d) for d in t.shape), str(t.dtype))
-                 for t in graph.with_shapes(dims).outputs}
-        if stored is not None:
-            dry_cache.store_outputs(stored, found)
-        return found
+        """The outputs' shapes and dtypes at ``dims``, from the graph pinned to them (what an earlier process
+        inferred for the same structure is read back: ``graph.pinned_store``)."""
+        return {t.name: (tuple(d if isinstance(d, int) else str(d) for d in t.shape), str(t.dtype))
+                for t in self.graph.with_shapes(dims).outputs}
 
     def update_weights(self, weights: Weights) -> None:
         """New values for some or all of the part's weights, in every compiled session now and every later one.

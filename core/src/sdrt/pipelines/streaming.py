@@ -175,6 +175,11 @@ def _attention_scores(a: _Analysis, producer: int, last: int) -> bool:
     return made == "Softmax" or (read == "Softmax" and made in ("MatMul", "Add", "Mul", "Div"))
 
 
+#: the name ``activation_peaks``'s whole-graph figure is kept under beside a pinned graph (``graph.pinned_store``):
+#: bump its version when what it counts changes
+PEAK_FACT = "activation peak v1"
+
+
 def activation_peaks(graph: Graph, groups: list[Group] | None = None) -> list[int]:
     """The most activation bytes alive at once: at each node boundary, the tensors made before it and read after
     it (graph inputs and outputs too; attention scores not: ``_attention_scores``), at the graph's float32 sizes.

@@ -1,0 +1,120 @@
+"""What a pipeline reads from its parts' pinned graphs, kept across processes under the pinned structure's digest
+(sdrt.graph.pinned_store): a new process (the in-process memo emptied, a new Part on the same file) neither infers
+shapes again for the dry run nor counts the activation peak again; a file written anew with another graph is
+pinned anew; a cache folder that cannot be written or holds corrupt entries changes nothing but the time."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+import sdrt.graph.shapes as shapes
+import sdrt.pipelines.streaming as streaming
+from sdrt.pipelines.budget import MemoryMixin
+from sdrt.pipelines.parts import Part
+
+
+def _model(path, width: int = 3) -> None:
+    """y = concat(x, x) along axis 1 then + c: y's dims follow x's (batch dynamic)."""
+    c = helper.make_tensor("c", TensorProto.FLOAT, [1, 2 * width], np.arange(2 * width, dtype=np.float32))
+    graph = helper.make_graph(
+        [helper.make_node("Concat", ["x", "x"], ["t"], axis=1), helper.make_node("Add", ["t", "c"], ["y"])],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", width])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 2 * width])],
+        [c],
+    )
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def _dry(path, batch: int, width: int = 3):
+    return Part("unet", path).dry().run({"x": np.zeros((batch, width), np.float32)})["y"].shape
+
+
+class _Plan(MemoryMixin):
+    def __init__(self, path):
+        self._parts = {"unet": Part("unet", path)}
+
+
+@pytest.fixture
+def work(monkeypatch, tmp_path):
+    """The cache under tmp_path, an empty process memo, and counts of shape inference and activation counting."""
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(shapes, "_INFERRED", type(shapes._INFERRED)())
+    counts = {"infer": 0, "peaks": 0}
+    real_infer, real_peaks = shapes.infer, streaming.activation_peaks
+
+    def infer(*args, **kwargs):
+        counts["infer"] += 1
+        return real_infer(*args, **kwargs)
+
+    def peaks(*args, **kwargs):
+        counts["peaks"] += 1
+        return real_peaks(*args, **kwargs)
+
+    monkeypatch.setattr(shapes, "infer", infer)
+    monkeypatch.setattr(streaming, "activation_peaks", peaks)
+    return counts
+
+
+def test_a_new_process_takes_the_dry_runs_shapes_without_inferring(tmp_path, work):
+    path = tmp_path / "model.onnx"
+    _model(path)
+    assert _dry(path, 5) == (5, 6)
+    assert work["infer"] == 1
+    shapes._INFERRED.clear()  # a new process
+    assert _dry(path, 5) == (5, 6)
+    assert work["infer"] == 1
+    assert _dry(path, 2) == (2, 6)  # other dims: another structure
+    assert work["infer"] == 2
+
+
+def test_a_file_written_anew_is_pinned_anew(tmp_path, work):
+    path = tmp_path / "model.onnx"
+    _model(path)
+    assert _dry(path, 4) == (4, 6)
+    _model(tmp_path / "other.onnx", width=5)
+    os.replace(tmp_path / "other.onnx", path)  # same name, same size class, another graph
+    shapes._INFERRED.clear()
+    assert _dry(path, 4, width=5) == (4, 10)
+    assert work["infer"] == 2
+
+
+def test_the_memory_plans_activation_peaks_are_kept(tmp_path, work):
+    path = tmp_path / "model.onnx"
+    _model(path)
+    calls = {"unet": [{"x": (8, 3)}, {"x": (2, 3)}]}
+    first, heaviest = _Plan(path)._activations(calls, None, None)
+    assert work["peaks"] == 2 and first["unet"] > 0
+    shapes._INFERRED.clear()  # a new process's plan: nothing inferred, nothing counted
+    again, heaviest2 = _Plan(path)._activations(calls, None, None)
+    assert (work["infer"], work["peaks"]) == (2, 2) and again == first
+    assert heaviest["unet"][1:] == heaviest2["unet"][1:] == ("unet", {"x": (8, 3)}, 1.0)
+    assert len(list((tmp_path / "cache" / "pinned").glob("*.fact"))) == 2
+
+
+def test_an_unwritable_or_corrupt_cache_changes_nothing_but_the_time(tmp_path, work, monkeypatch):
+    path = tmp_path / "model.onnx"
+    _model(path)
+    calls = {"unet": [{"x": (3, 3)}]}
+    blocker = tmp_path / "file-not-folder"
+    blocker.write_text("x")
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(blocker))  # the cache root is a file: nothing can be written under it
+    want = _Plan(path)._activations(calls, None, None)[0]
+    shapes._INFERRED.clear()
+    assert _Plan(path)._activations(calls, None, None)[0] == want
+    assert _dry(path, 3) == (3, 6)
+    assert (work["infer"], work["peaks"]) == (2, 2)
+    monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "cache2"))
+    shapes._INFERRED.clear()
+    assert _Plan(path)._activations(calls, None, None)[0] == want
+    for f in (tmp_path / "cache2" / "pinned").iterdir():
+        f.write_bytes(b"-1" if f.suffix == ".fact" else b"SDRTPIN1\xff")
+    shapes._INFERRED.clear()
+    assert _Plan(path)._activations(calls, None, None)[0] == want
+    assert _dry(path, 3) == (3, 6)
+    assert (work["infer"], work["peaks"]) == (4, 4)

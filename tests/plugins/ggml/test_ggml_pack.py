@@ -1,0 +1,78 @@
+"""The bf16 kernels' weight layouts (native/pack.c: ``native.pack_b_bf16``, ``bf16_rows``, ``pairs_weights``) against
+the layouts written out in numpy here, with ml_dtypes' float32 -> bfloat16 cast as the rounding (round to nearest
+even): odd K, N not a multiple of 32, OC not a multiple of 16, C not a multiple of 32, a transposed view read in
+place, and the values rounding finds hard (ties, the largest finite, infinities, subnormals, NaN kept a NaN)."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from sdrt_ggml import native
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _loaded():
+    assert native.native() is not None, f"native kernels not loaded: {native.unavailable_reason()}"
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    return np.asarray(a, np.float32).astype(ml_dtypes.bfloat16).view(np.uint16)
+
+
+def _hard(shape, seed: int) -> np.ndarray:
+    """Random values with the hard ones mixed in."""
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal(shape).astype(np.float32)
+    flat = a.reshape(-1)
+    special = np.array([np.inf, -np.inf, 3.4028235e38, -3.4028235e38, 1e-40, -1e-40, 0.0, -0.0,
+                        np.float32(1 + 2**-8), np.float32(1 + 3 * 2**-8), np.nan], np.float32)  # two ties
+    where = rng.choice(flat.size, size=min(flat.size, special.size), replace=False)
+    flat[where] = special[: where.size]
+    return a
+
+
+def _same(got: np.ndarray, want: np.ndarray) -> None:
+    """Equal bits, except that a NaN only has to stay a NaN."""
+    assert got.shape == want.shape and got.dtype == np.uint16
+    nan = np.isnan(want.view(ml_dtypes.bfloat16).astype(np.float32))
+    assert np.isnan(got[nan].view(ml_dtypes.bfloat16).astype(np.float32)).all()
+    np.testing.assert_array_equal(got[~nan], want[~nan])
+
+
+def _pack_b_reference(w: np.ndarray) -> np.ndarray:
+    n, k = w.shape
+    p, k2 = -(-n // 32), -(-k // 2)
+    full = np.zeros((p * 32, 2 * k2), np.uint16)
+    full[:n, :k] = _bits(w)
+    # (panel, half, column, pair, 2) -> (panel, half, pair, column, 2)
+    return np.ascontiguousarray(full.reshape(p, 2, 16, k2, 2).transpose(0, 1, 3, 2, 4)).reshape(p, 2, k2, 32)
+
+
+@pytest.mark.parametrize("n,k", [(1, 1), (31, 7), (32, 64), (33, 65), (320, 1280), (77, 768)])
+def test_gemm_panels(n, k):
+    w = _hard((n, k), n * 1000 + k)
+    _same(native.pack_b_bf16(w), _pack_b_reference(w))
+    wt = np.ascontiguousarray(w.T).T  # the same values as a transposed view: read in place
+    assert not wt.flags.c_contiguous or n == 1 or k == 1
+    _same(native.pack_b_bf16(wt), _pack_b_reference(w))
+
+
+@pytest.mark.parametrize("oc,k", [(1, 3), (16, 27), (17, 576), (64, 1152)])
+def test_conv_rows(oc, k):
+    w = _hard((oc, k), oc + k)
+    got = native.bf16_rows(w)
+    ld = 2 * native.row_stride(-(-k // 2))
+    want = np.zeros((oc, ld), np.uint16)
+    want[:, :k] = _bits(w)
+    _same(got, want)
+
+
+@pytest.mark.parametrize("oc,c,kh,kw", [(1, 1, 1, 1), (16, 32, 3, 3), (17, 33, 3, 3), (40, 64, 1, 1), (8, 3, 3, 3)])
+def test_pairs_kernel(oc, c, kh, kw):
+    w = _hard((oc, c, kh, kw), oc * c + kh)
+    c2 = native.pairs_count(c)
+    want = np.zeros((-(-oc // 16) * 16, kh * kw, 2 * c2), np.uint16)
+    want[:oc, :, :c] = _bits(w).reshape(oc, c, kh * kw).transpose(0, 2, 1)
+    _same(native.pairs_weights(w), want.reshape(want.shape[0], -1))
