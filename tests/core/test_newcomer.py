@@ -247,6 +247,23 @@ def test_a_broken_file_in_embedding_dir_is_skipped_unless_a_prompt_uses_it(tmp_p
             "safetensors")
 
 
+def test_a_lora_tag_is_no_use_of_an_embedding_dir_file_of_that_name(tmp_path, registry, capsys, caplog):
+    """One folder for LoRAs and embeddings (as many keep them): ``<lora:tinylora:0.6>`` applies the LoRA, and the
+    LoRA file, which is no embedding, is skipped with a warning, not taken for a trigger word the prompt uses."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for f in (EMB, LORA):
+        (shared / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "a.png"
+    with caplog.at_level(logging.WARNING, logger="sdrt.cli"):
+        assert main(["generate", str(PIPE), "a cat <lora:tinylora:0.6>, tinyemb", *FAST, "--backend", "reference",
+                     "--lora-dir", str(shared), "--embedding-dir", str(shared), "-o", str(out)]) == 0, \
+            capsys.readouterr().err
+    assert "skipping embedding" in caplog.text and "tinylora.safetensors" in caplog.text
+    text = read_parameters(out)
+    assert "Lora hashes: " in text and "TI hashes: " in text, text
+
+
 def test_the_self_test_says_what_unsupported_means():
     from sdrt.selftest.report import _figure
 

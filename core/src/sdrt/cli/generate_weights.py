@@ -207,7 +207,9 @@ def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)
         pipe.set_loras(w.loras)
     if w.embeddings:
         pipe.add_embedding(*w.embeddings)
-    text = " ".join(p for p in prompts if p)
+    from ..text import extract_loras
+
+    text = " ".join(extract_loras(p)[0] for p in prompts if p)  # <lora:name:w> names a LoRA, no trigger word
     for f in w.found_embeddings:
         try:
             pipe.add_embedding(f)
