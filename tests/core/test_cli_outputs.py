@@ -487,6 +487,17 @@ def test_a_negative_exponent_or_infinity_is_a_value_not_an_option(value, words, 
     assert f"--cfg must be a finite number from 0 to 100, {words}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,words", [(["plan", "m.onnx", "--memory", "-5G"], "cannot read the memory size '-5G'"),
+                                        (["cache", "prune", "--max-size", "-1G"], "cache size '-1G' is not a size"),
+                                        (["generate", "a fox", "--memory", "-8GiB"], "memory size '-8GiB'")])
+def test_a_negative_size_is_a_value_not_an_option(args, words, capsys):
+    """argparse read '--memory -5G' as an unknown option: 'argument --memory: expected one argument', which names
+    neither the value nor what is wrong with it."""
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert words in err and "expected one argument" not in err, err
+
+
 @pytest.mark.parametrize("command", ["generate", "demo", "run"])
 def test_an_output_name_too_long_is_one_line(tmp_path, registry, capsys, command):
     """pathlib's is_symlink raised OSError 'File name too long' with a traceback."""

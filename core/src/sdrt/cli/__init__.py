@@ -21,8 +21,10 @@ COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance"
 
 
 #: what argparse takes for a negative number after an option, not an option itself: its own pattern (-1, -0.5)
-#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument")
-NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
+#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument"), and sizes
+#: with a unit (--memory -5G), which the size's own check then refuses by value
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)"
+                             r"(?:[kmgt]i?b?|b)?$", re.IGNORECASE)
 
 
 class _Parser(argparse.ArgumentParser):
