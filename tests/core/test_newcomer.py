@@ -278,3 +278,10 @@ def test_demo_and_run_refuse_a_fifo_output_too(tmp_path, capsys, command):
     assert main([*command, "--backend", "nosuch", "-o", str(fifo)]) == 1
     assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_vae_tile_too_small_names_the_least_it_takes(capsys):
+    """--vae-tile 4 said "use 32 or more", and 8 to 31 run: the least is 8 latent pixels, as vae_tile's own check."""
+    assert main(["generate", "a cat", "--vae-tile", "4", "--backend", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert "--vae-tile 4 is below 8 latent pixels" in err and "pass --vae-tile 8 or more" in err, err

@@ -181,7 +181,8 @@ def check(args: argparse.Namespace) -> WeightArgs:
             if f.suffix.lower() in EMBEDDING_SUFFIXES and f.is_file():  # A1111's formats
                 out.found_embeddings.append(f)
     if out.vae_tile is not None and out.vae_tile < 8:
-        raise InputError(f"--vae-tile {out.vae_tile} is too small", where="--vae-tile", fix="use 32 or more")
+        raise InputError(f"--vae-tile {out.vae_tile} is below 8 latent pixels (8 image pixels each)",
+                         where="--vae-tile", fix="pass --vae-tile 8 or more (64: tiles of 512 pixels)")
     return out
 
 
