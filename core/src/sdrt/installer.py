@@ -121,7 +121,7 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         reason += f"; from this source checkout ({folder})"
     target = python or sys.executable
     env: dict[str, str] = {}
-    extra = list(extra_args)
+    extra = [extra_args] if isinstance(extra_args, str) else list(extra_args)  # one argument, not its letters
     if plugin == "ggml":
         flags = (os.environ.get("CMAKE_ARGS", ""), GGML_BUILDS.get(build or ""), GGML_CPU_FLAGS)
         env["CMAKE_ARGS"] = " ".join(filter(None, flags))
@@ -201,6 +201,7 @@ def install(plugin: str | None = None, *, dry_run: bool = False, use_uv: bool = 
     ``dry_run`` only plans. ``echo`` receives pip's output as it runs (the CLI passes stderr).
     Raises ``InstallError`` with pip's own message when it fails; the environment is then as before.
     """
+    extra_args = [extra_args] if isinstance(extra_args, str) else extra_args  # one argument, not its letters
     p = plan(plugin, build=build, use_uv=use_uv, python=python, extra_args=extra_args, hw=hw)
     result = InstallResult(plan=p, dry_run=dry_run)
     if dry_run:
