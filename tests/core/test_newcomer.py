@@ -260,6 +260,7 @@ def test_a_lora_tag_is_no_use_of_an_embedding_dir_file_of_that_name(tmp_path, re
                      "--lora-dir", str(shared), "--embedding-dir", str(shared), "-o", str(out)]) == 0, \
             capsys.readouterr().err
     assert "skipping embedding" in caplog.text and "tinylora.safetensors" in caplog.text
+    assert "--lora FILE:WEIGHT" in caplog.text and "set_loras" not in caplog.text, caplog.text  # the command's words
     text = read_parameters(out)
     assert "Lora hashes: " in text and "TI hashes: " in text, text
 

@@ -198,7 +198,7 @@ def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)
     An embedding of ``--embedding-dir`` that cannot be used (a broken file, another model family's)
     is skipped with a warning, as A1111 does, unless one of ``prompts`` uses its trigger word: then
     its error stands."""
-    from ..errors import SdrtError
+    from ..errors import SdrtError, in_caller_words_error
 
     if w.weights is not None:
         pipe.load_weights(w.weights)
@@ -217,4 +217,4 @@ def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)
         except SdrtError as exc:
             if re.search(rf"(?<![\w]){re.escape(f.stem)}(?![\w])", text, flags=re.IGNORECASE):
                 raise
-            log.warning("skipping embedding %s (no prompt uses %r): %s", f, f.stem, exc)
+            log.warning("skipping embedding %s (no prompt uses %r): %s", f, f.stem, in_caller_words_error(exc))
