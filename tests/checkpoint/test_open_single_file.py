@@ -176,6 +176,16 @@ def test_text_encoder_of_another_kind_is_refused(tmp_path):
         open_single_file(f, [g])
 
 
+def test_one_extra_file_given_as_a_string_is_that_file_not_its_letters(tmp_path):
+    """``open_single_file(f, "sdxl_vae.safetensors")`` opened the files '/', 't', 'm', ...: "cannot open the file
+    c"; one path is one file, as pipelines.load's text_encoders= takes it."""
+    f = sparse_safetensors(tmp_path / "flux1-schnell.safetensors", flux_shapes(False))
+    vae = sparse_safetensors(tmp_path / "sdxl_vae.safetensors", vae_shapes(4))
+    for one in (str(vae), vae):
+        with pytest.raises(ModelError, match="sdxl_vae.safetensors is a 4-channel VAE"):
+            open_single_file(f, one)
+
+
 def test_unknown_architecture_is_refused(tmp_path):
     f = sparse_safetensors(tmp_path / "mystery.safetensors", {"foo.bar.weight": (3, 3)})
     # it said "it looks like unknown": now what was checked, and the keys that are there

@@ -93,3 +93,11 @@ def test_a_leftover_option_word_is_still_refused(capsys):
         main(["generate", "MODEL", "--steps", "2", "a cat", "--bogus"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unrecognized arguments: a cat --bogus." in err, err
+
+
+def test_a_misspelt_flag_is_answered_with_the_flag_it_is_near(capsys):
+    """``--control-net`` (as docs/toolbox.md once wrote it) was "unrecognized arguments: --control-net foo" alone."""
+    with pytest.raises(SystemExit):
+        main(["generate", "a cat", "--control-net", "foo", "--stepz=4"])
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "(did you mean --controlnet, --steps?)" in err, err

@@ -487,6 +487,17 @@ def test_a_negative_exponent_or_infinity_is_a_value_not_an_option(value, words, 
     assert f"--cfg must be a finite number from 0 to 100, {words}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,words", [(["plan", "m.onnx", "--memory", "-5G"], "cannot read the memory size '-5G'"),
+                                        (["cache", "prune", "--max-size", "-1G"], "cache size '-1G' is not a size"),
+                                        (["generate", "a fox", "--memory", "-8GiB"], "memory size '-8GiB'")])
+def test_a_negative_size_is_a_value_not_an_option(args, words, capsys):
+    """argparse read '--memory -5G' as an unknown option: 'argument --memory: expected one argument', which names
+    neither the value nor what is wrong with it."""
+    assert main(args) != 0
+    err = capsys.readouterr().err
+    assert words in err and "expected one argument" not in err, err
+
+
 @pytest.mark.parametrize("command", ["generate", "demo", "run"])
 def test_an_output_name_too_long_is_one_line(tmp_path, registry, capsys, command):
     """pathlib's is_symlink raised OSError 'File name too long' with a traceback."""
@@ -627,3 +638,17 @@ def test_a_folder_no_file_can_be_made_in_is_refused_before_the_run(capsys):
     err = capsys.readouterr().err
     assert "cannot write into the folder /proc" in err and "Where: --output." in err and "backend" not in err
     assert not [n for n in os.listdir("/proc") if n.startswith(".sdrt-probe")]
+
+
+@pytest.mark.parametrize("args,flag,suffix", [(["strip", "-o", "graph.png"], "-o", ".onnx"),
+                                              (["strip", "--weights", "w.png"], "--weights", ".safetensors"),
+                                              (["quantize", "--to", "int8", "-o", "q.png"], "-o", ".onnx")])
+def test_strip_and_quantize_refuse_an_output_named_as_another_format(tmp_path, capsys, monkeypatch, args, flag,
+                                                                     suffix):
+    """``sdrt quantize m.onnx -o q.png`` wrote an ONNX graph named q.png (``sdrt run -o out.png`` is refused)."""
+    model = relu_model(tmp_path / "relu.onnx")
+    monkeypatch.chdir(tmp_path)
+    assert main([args[0], str(model), *args[1:]]) == 1
+    err = capsys.readouterr().err
+    assert f"{flag} '{args[-1]}' ends in .png, and this command writes {suffix} files" in err, err
+    assert "Traceback" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["relu.onnx", "x.npy"]

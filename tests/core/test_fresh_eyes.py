@@ -234,3 +234,21 @@ def test_a_prompt_t5_cuts_is_said_once(registry, caplog):
         assert not [r for r in caplog.records if "T5 tokens" in r.getMessage()]
     finally:
         pipe.close()
+
+
+@pytest.mark.parametrize("env,says", [(None, "$SDRT_UPSCALERS is not set"),
+                                      ("nope", "$SDRT_UPSCALERS ({}) holds no .safetensors/.pth model upscaler"),
+                                      ("upscalers", "model upscalers in $SDRT_UPSCALERS: ")])
+def test_an_upscaler_name_not_found_says_what_sdrt_upscalers_holds(tmp_path, capsys, monkeypatch, env, says):
+    """``sdrt upscale -m RealESRGAN_x2plus`` said "no upscaler model 'RealESRGAN_x2plus'" whether $SDRT_UPSCALERS was
+    unset, named a missing folder or held other models."""
+    image = tmp_path / "in.png"
+    write_png(image, np.zeros((8, 8, 3), np.uint8))
+    folder = {None: None, "nope": str(tmp_path / "nope"), "upscalers": str(DATA / "upscalers")}[env]
+    if folder is None:
+        monkeypatch.delenv("SDRT_UPSCALERS", raising=False)
+    else:
+        monkeypatch.setenv("SDRT_UPSCALERS", folder)
+    assert main(["upscale", str(image), "-m", "RealESRGAN_x2plus", "-o", str(tmp_path / "out.png")]) == 1
+    err = capsys.readouterr().err
+    assert "no upscaler model 'RealESRGAN_x2plus'" in err and says.format(folder) in err, err

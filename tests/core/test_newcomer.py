@@ -247,6 +247,24 @@ def test_a_broken_file_in_embedding_dir_is_skipped_unless_a_prompt_uses_it(tmp_p
             "safetensors")
 
 
+def test_a_lora_tag_is_no_use_of_an_embedding_dir_file_of_that_name(tmp_path, registry, capsys, caplog):
+    """One folder for LoRAs and embeddings (as many keep them): ``<lora:tinylora:0.6>`` applies the LoRA, and the
+    LoRA file, which is no embedding, is skipped with a warning, not taken for a trigger word the prompt uses."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    for f in (EMB, LORA):
+        (shared / f.name).write_bytes(f.read_bytes())
+    out = tmp_path / "a.png"
+    with caplog.at_level(logging.WARNING, logger="sdrt.cli"):
+        assert main(["generate", str(PIPE), "a cat <lora:tinylora:0.6>, tinyemb", *FAST, "--backend", "reference",
+                     "--lora-dir", str(shared), "--embedding-dir", str(shared), "-o", str(out)]) == 0, \
+            capsys.readouterr().err
+    assert "skipping embedding" in caplog.text and "tinylora.safetensors" in caplog.text
+    assert "--lora FILE:WEIGHT" in caplog.text and "set_loras" not in caplog.text, caplog.text  # the command's words
+    text = read_parameters(out)
+    assert "Lora hashes: " in text and "TI hashes: " in text, text
+
+
 def test_the_self_test_says_what_unsupported_means():
     from sdrt.selftest.report import _figure
 
@@ -261,3 +279,10 @@ def test_demo_and_run_refuse_a_fifo_output_too(tmp_path, capsys, command):
     assert main([*command, "--backend", "nosuch", "-o", str(fifo)]) == 1
     assert "is a FIFO (named pipe), not a regular file" in capsys.readouterr().err
     assert stat.S_ISFIFO(os.lstat(fifo).st_mode)
+
+
+def test_vae_tile_too_small_names_the_least_it_takes(capsys):
+    """--vae-tile 4 said "use 32 or more", and 8 to 31 run: the least is 8 latent pixels, as vae_tile's own check."""
+    assert main(["generate", "a cat", "--vae-tile", "4", "--backend", "nosuch"]) == 1
+    err = capsys.readouterr().err
+    assert "--vae-tile 4 is below 8 latent pixels" in err and "pass --vae-tile 8 or more" in err, err

@@ -230,3 +230,15 @@ def test_measure_pins_a_dynamic_graph_to_the_shapes_given(tmp_path, monkeypatch,
     if backend == "openvino":  # unpinned, the compiled input keeps its symbolic batch
         free = measure(path, feeds, backend, repeats=3, options={"precision": "fp32"}, quiet_s=0)
         assert free["inputs"]["x"][0] != 3
+
+
+def test_an_unknown_device_lists_no_near_misses_by_a_vendor_word_and_says_where_the_whole_list_is():
+    """"Nonexistent GPU" was answered with the Arc and Apple devices (their names hold "GPU") as the names to use;
+    a list cut at 12 ("RTX 9999": every RTX) did not say it was cut nor where the whole list is."""
+    with pytest.raises(SdrtError) as e:
+        devices.find("Nonexistent GPU")
+    assert "Apple M1 (8-core GPU)" not in str(e.value) and "sdrt plan --list-devices" in str(e.value), str(e.value)
+    with pytest.raises(SdrtError) as e:
+        devices.find("RTX 9999")
+    assert "RTX 3060 12GB, " in str(e.value) and ", ...;" in str(e.value), str(e.value)
+    assert "sdrt plan --list-devices" in str(e.value)

@@ -105,6 +105,12 @@ def test_unknown_plugin_is_an_install_error():
         plan("cuda", hw=RTX)
 
 
+def test_one_extra_pip_argument_given_as_a_string_is_one_argument():
+    """``sdrt.install(extra_args="--no-deps")`` ran pip with the arguments '-', '-', 'n', 'o', ...: its letters."""
+    p = plan("openvino", extra_args="--no-deps", hw=RTX)
+    assert p.argv[-1] == "--no-deps" and "n" not in p.argv, p.argv
+
+
 def test_a_ggml_build_for_another_plugin_is_an_install_error():
     with pytest.raises(InstallError, match="applies to the ggml plugin only"):
         plan("openvino", build="cuda", hw=RTX)

@@ -108,3 +108,13 @@ def test_both_files_are_one_embedding_and_a_changed_half_is_read_again(tmp_path)
         assert pipe.reread_embeddings(second) == ["<cat-toy>"]
         [emb] = pipe.weights.embeddings
         np.testing.assert_array_equal(emb.vectors["clip_g"], next(iter(arrays.values())) * 2 + 1)
+
+
+def test_an_sd1_embedding_on_sdxl_says_it_has_no_clip_g_half(sdxl):
+    """It said "does not fit text_encoder_2: it has clip_l [2, 32], the encoder's tokens are 32 wide": a width that
+    fits, named as the reason. The embedding has no vectors for CLIP-G at all."""
+    emb = DATA.parent / "ckpt" / "pipe-sd15" / "tinyemb.safetensors"  # emb_params [2, 32]: SD 1.x's
+    with pytest.raises(WeightsError) as e:
+        sdxl.add_embedding(emb)
+    msg = str(e.value)
+    assert "has no vectors for text_encoder_2 (clip_g)" in msg and "tokens are 32 wide" not in msg, msg

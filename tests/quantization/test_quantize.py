@@ -363,3 +363,12 @@ def test_cli_a_checkpoint_file_is_told_in_the_commands_words(tmp_path, capsys, c
         assert f"{path.name} {words}" in err and f"sdrt {command}" in err and "weights=" not in err, err
         assert err.count("error:") == 1 and "\n" not in err.strip()
     assert not (tmp_path / "q.onnx").exists() and sorted(p.name for p in tmp_path.iterdir()) == sorted([st.name, gg.name])
+
+
+def test_a_bad_int4_block_size_names_every_size_taken():
+    """quantize="int4-7" said "use int4-32, int4-64 or int4-128", and int4-16 runs too (BLOCK_SIZES)."""
+    from sdrt import quantization
+
+    with pytest.raises(SdrtError, match="use int4-16, int4-32, int4-64 or int4-128"):
+        quantization.parse("int4-7")
+    assert quantization.parse("int4-16") == ("int4", 16)

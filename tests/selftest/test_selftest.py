@@ -12,7 +12,7 @@ import pytest
 
 from sdrt import selftest
 from sdrt.cli import main
-from sdrt.errors import InputError
+from sdrt.errors import InputError, SdrtError
 from sdrt.selftest import checks, report
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -59,6 +59,17 @@ def test_a_backend_that_is_not_installed_is_refused_naming_the_installed_ones(fi
     with pytest.raises(InputError, match=r"no backend 'nonesuch' is installed here\. Where: backends\. "
                                          r"What to do: pass one of: .*crashy.*reference"):
         selftest.run(["nonesuch"], quick=True, plugin_modules=fixture_plugins)
+
+
+def test_one_backend_or_group_given_as_a_string_is_one_not_its_letters(fixture_plugins):
+    """``selftest.run("openvino")`` was read as the backends 'o', 'p', 'e', 'n', ... ("no backend 'o' or 'p' ...")
+    and ``only="accuracy"`` as the groups 'a', 'c', ...: one string is one name, as the CLI's flags give it."""
+    with pytest.raises(InputError, match=r"no backend 'nonesuch' is installed here"):
+        selftest.run("nonesuch", quick=True, plugin_modules=fixture_plugins)
+    with pytest.raises(SdrtError, match=r"unknown check groups \['nope'\]"):
+        selftest.run(quick=True, only="nope")
+    with pytest.raises(SdrtError, match="no module named 'nonesuch_module'"):
+        selftest.run(quick=True, plugin_modules="nonesuch_module")
 
 
 def test_report_has_schema_machine_versions_and_nothing_personal(fixture_plugins, tmp_path):

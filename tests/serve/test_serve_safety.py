@@ -198,3 +198,19 @@ def test_a_folder_missing_a_part_is_not_listed(tmp_path, caplog) -> None:
         reg.model("no-t5")
     assert exc.value.status == 400 and "no-t5 is not served: the model folder lacks text_encoder_2" in str(
         exc.value), str(exc.value)
+
+
+def test_models_naming_one_model_folder_or_file_says_to_pass_the_folder_holding_it(tmp_path) -> None:
+    """A newcomer's first try, `sdrt serve --models my-model` (or `--models model.safetensors`): one line naming
+    the folder that holds it, not "holds no model" after a warning, nor "is not a folder"."""
+    from sdrt.cli import build_parser
+    from sdrt.cli.serve import config_from_args
+
+    model = tmp_path / "my-model"
+    model.mkdir()
+    (model / "model_index.json").write_text("{}")
+    ckpt = tmp_path / "model.safetensors"
+    ckpt.write_bytes(b"")
+    for path in (model, ckpt):
+        with pytest.raises(InputError, match=f"takes the folder that holds models.*--models {tmp_path}"):
+            config_from_args(build_parser().parse_args(["serve", "--models", str(path)]))

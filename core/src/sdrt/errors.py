@@ -101,6 +101,12 @@ def in_caller_words(text: str) -> str:
     return _items(_render(text, names), names)
 
 
+def in_caller_words_error(exc: SdrtError) -> str:
+    """``exc``'s message in the words of the caller running now (``caller_words``): for a warning that logs an error
+    it goes on past (a file skipped), which ``str(exc)`` gives in the API's words."""
+    return exc.render(_CALLER_WORDS.get())
+
+
 def _items(text: str, names: Mapping[str, str] | None) -> str:
     """``text`` with each item of a list argument that ``names`` maps (``controlnets[0]`` -> ``--controlnet``) in
     the caller's words: the pipeline names a unit ``controlnets[k]``, which no ``{@name}`` can say per item."""

@@ -531,7 +531,7 @@ def parse(spec: str, where: str = "sdrt.load(quantize=...)") -> tuple[str, int]:
     scheme = scheme_of(text, where, "quantize")
     if block not in BLOCK_SIZES:
         raise SdrtError(f"block size {block} in {spec!r} is not supported", where=where,
-                        fix="use int4-32, int4-64 or int4-128")
+                        fix="use " + ", ".join(f"int4-{b}" for b in BLOCK_SIZES[:-1]) + f" or int4-{BLOCK_SIZES[-1]}")
     return scheme, block
 
 

@@ -21,8 +21,10 @@ COMMANDS = ["info", "generate", "plan", "run", "compile", "cache", "conformance"
 
 
 #: what argparse takes for a negative number after an option, not an option itself: its own pattern (-1, -0.5)
-#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument")
-NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)$", re.IGNORECASE)
+#: and also exponents, inf and nan, which it read as unknown options ("--cfg: expected one argument"), and sizes
+#: with a unit (--memory -5G), which the size's own check then refuses by value
+NEGATIVE_NUMBER = re.compile(r"^-(?:\d+\.?\d*(?:e[+-]?\d+)?|\.\d+(?:e[+-]?\d+)?|inf|infinity|nan)"
+                             r"(?:[kmgt]i?b?|b)?$", re.IGNORECASE)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -180,6 +182,16 @@ def _intermixed(sub: argparse.ArgumentParser | None, args: argparse.Namespace, e
     return []
 
 
+def _near_flags(parser: argparse.ArgumentParser, words: list[str]) -> str:
+    """`` (did you mean --controlnet?)`` for the misspelt flags among ``words`` (``--control-net``), or ""."""
+    import difflib
+
+    flags = [f for f in parser._option_string_actions if f.startswith("--")]
+    near = [m[0] for w in words if w.startswith("--")
+            for m in [difflib.get_close_matches(w.split("=", 1)[0], flags, n=1, cutoff=0.8)] if m]
+    return f" (did you mean {', '.join(dict.fromkeys(near))}?)" if near else ""
+
+
 def main(argv: list[str] | None = None) -> int:
     try:  # importing the subcommands takes a while: Ctrl-C then is one line too
         parser = build_parser()
@@ -195,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         hint = next(((w, f) for w in extra for f in [getattr(sub, "bare_after", {}).get(w)] if f), None)
         (sub or parser).error(f"unrecognized arguments: {' '.join(extra)}" + (
             f" ({hint[1]} takes on or off, or nothing for on: {hint[0]!r} is neither, and no other argument is left "
-            "to take it)" if hint else ""))
+            "to take it)" if hint else _near_flags(sub or parser, extra)))
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format=_LOG_FORMAT)
     for handler in logging.getLogger().handlers:  # basicConfig's own (not one an embedding program set up)

@@ -181,7 +181,8 @@ def check(args: argparse.Namespace) -> WeightArgs:
             if f.suffix.lower() in EMBEDDING_SUFFIXES and f.is_file():  # A1111's formats
                 out.found_embeddings.append(f)
     if out.vae_tile is not None and out.vae_tile < 8:
-        raise InputError(f"--vae-tile {out.vae_tile} is too small", where="--vae-tile", fix="use 32 or more")
+        raise InputError(f"--vae-tile {out.vae_tile} is below 8 latent pixels (8 image pixels each)",
+                         where="--vae-tile", fix="pass --vae-tile 8 or more (64: tiles of 512 pixels)")
     return out
 
 
@@ -197,7 +198,7 @@ def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)
     An embedding of ``--embedding-dir`` that cannot be used (a broken file, another model family's)
     is skipped with a warning, as A1111 does, unless one of ``prompts`` uses its trigger word: then
     its error stands."""
-    from ..errors import SdrtError
+    from ..errors import SdrtError, in_caller_words_error
 
     if w.weights is not None:
         pipe.load_weights(w.weights)
@@ -207,11 +208,13 @@ def apply(pipe: Any, w: WeightArgs, prompts: tuple[str, str | None] = ("", None)
         pipe.set_loras(w.loras)
     if w.embeddings:
         pipe.add_embedding(*w.embeddings)
-    text = " ".join(p for p in prompts if p)
+    from ..text import extract_loras
+
+    text = " ".join(extract_loras(p)[0] for p in prompts if p)  # <lora:name:w> names a LoRA, no trigger word
     for f in w.found_embeddings:
         try:
             pipe.add_embedding(f)
         except SdrtError as exc:
             if re.search(rf"(?<![\w]){re.escape(f.stem)}(?![\w])", text, flags=re.IGNORECASE):
                 raise
-            log.warning("skipping embedding %s (no prompt uses %r): %s", f, f.stem, exc)
+            log.warning("skipping embedding %s (no prompt uses %r): %s", f, f.stem, in_caller_words_error(exc))

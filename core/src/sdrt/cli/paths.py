@@ -19,6 +19,16 @@ def refuse_stdout(value: object, command: str, suffix: str) -> None:
                          fix=f"give a file name, such as out{suffix} (./- for a file named -)")
 
 
+def check_suffix(arg: str, suffix: str, option: str = "-o") -> None:
+    """Refuse a file name that ends in another format's suffix (x.gif as x.gif.png, r.txt as r.txt.npz, a graph
+    written as out.png): not what was asked. A name without a suffix passes."""
+    path = Path(arg)
+    if path.suffix and path.suffix.lower() != suffix:
+        raise InputError(f"{option} {arg!r} ends in {path.suffix}, and this command writes {suffix} files",
+                         where=option,
+                         fix=f"end the name in {suffix} ({path.stem}{suffix}), or leave the suffix out ({path.stem})")
+
+
 def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     """The file ``arg`` names, with ``suffix`` added when it has none (another suffix is refused); its folder
     must exist.
@@ -34,10 +44,7 @@ def output_file(arg: str, suffix: str, option: str = "-o") -> Path:
     path = Path(arg)
     if os.path.lexists(path):  # /dev/null as given: refused, not written as /dev/null.npz beside it
         output_target(path, "output", suffix)
-    if path.suffix and path.suffix.lower() != suffix:  # x.gif as x.gif.png, r.txt as r.txt.npz: not what was asked
-        raise InputError(f"{option} {arg!r} ends in {path.suffix}, and this command writes {suffix} files",
-                         where=option,
-                         fix=f"end the name in {suffix} ({path.stem}{suffix}), or leave the suffix out ({path.stem})")
+    check_suffix(arg, suffix, option)
     if path.suffix.lower() != suffix:
         path = path.with_name(path.name + suffix)
     if not path.parent.is_dir():

@@ -36,7 +36,7 @@ def run(args: argparse.Namespace) -> int:
                         where="--block-size", fix="leave --block-size out, or pass --to int4")
     block_size = 32 if args.block_size is None else args.block_size
     src = Path(args.model)
-    from .paths import refuse_stdout
+    from .paths import check_suffix, refuse_stdout
 
     refuse_stdout(args.output, "quantize", ".onnx")
     out = Path(args.output) if args.output else src.with_name(f"{src.stem}.{scheme}.onnx")
@@ -49,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB
     check_outputs({"-o": out}, inputs)
     check_outputs({f"-o's external data file {data_out.name}": data_out}, inputs)
+    if args.output:  # after check_outputs: an output that would destroy an input is named so first
+        check_suffix(args.output, ".onnx")
     planned = q.plan(graph, scheme, block_size=block_size)
     if args.plan:
         for reason, names in planned.items():

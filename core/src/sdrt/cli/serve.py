@@ -73,6 +73,19 @@ def _folder(value: str | None, flag: str) -> Path | None:
     return path.resolve()
 
 
+def _not_one_model(value: str | None) -> None:
+    """--models names the folder that holds models: one model's folder or file there is the usual first mistake."""
+    path = Path(value) if value is not None else None
+    if path is None or not ((path / "model_index.json").is_file() or path.suffix.lower() in (".safetensors", ".ckpt")
+                            and path.is_file()):
+        return
+    what = "a model folder (it holds model_index.json)" if path.is_dir() else "a checkpoint file"
+    parent = path.resolve().parent
+    raise InputError(f"--models {value} is {what}; --models takes the folder that holds models", where="--models",
+                     fix=f"pass --models {parent} (every model there is served; --default-model {path.name} picks "
+                         "this one)")
+
+
 def config_from_args(args: argparse.Namespace) -> Any:
     from ..serve.auth import parse_api_auth
     from ..serve.config import Limits, ServeConfig
@@ -118,6 +131,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
     limits = Limits(max_width=args.max_size, max_height=args.max_size, max_steps=args.max_steps,
                     max_batch=args.max_batch, max_images=max(args.max_images, args.max_batch),
                     max_body_bytes=int(args.max_body_mb * 2**20), max_queue=args.max_queue)
+    _not_one_model(args.models)
     return ServeConfig(models=_folder(args.models, "--models"), lora_dir=_folder(args.lora_dir, "--lora-dir"),
                        embedding_dir=_folder(args.embedding_dir, "--embedding-dir"), backend=args.backend,
                        vae_dir=_folder(args.vae_dir, "--vae-dir"),

@@ -28,7 +28,7 @@ def run(args: argparse.Namespace) -> int:
     from .paths import check_writes
 
     src = Path(args.model)
-    from .paths import refuse_stdout
+    from .paths import check_suffix, refuse_stdout
 
     refuse_stdout(args.output, "strip", ".onnx")
     out = Path(args.output) if args.output else src.with_name(src.stem + ".stripped.onnx")
@@ -50,6 +50,10 @@ def run(args: argparse.Namespace) -> int:
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,
                    "--weights" if args.weights else "the default --weights (-o with .safetensors)": weights}, inputs)
+    if args.output:  # after check_outputs: an output that would destroy an input is named so first
+        check_suffix(args.output, ".onnx")
+    if args.weights:
+        check_suffix(args.weights, ".safetensors", "--weights")
     original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
     res = graph.strip(out, weights)
     print(printable(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes"))

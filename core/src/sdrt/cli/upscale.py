@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,13 @@ def run(args: argparse.Namespace) -> int:
                          where="--model", fix="give the path of an ESRGAN-family .safetensors/.pth file (4x-UltraSharp, "
                                               "RealESRGAN_x4plus, ...), or a model's name in a folder of $SDRT_UPSCALERS")
     if path is None:
-        raise InputError(f"no upscaler model {args.model!r}", where="--model",
+        from ..pipelines.hires import model_files
+
+        env, known = os.environ.get("SDRT_UPSCALERS"), model_files()
+        held = (f"model upscalers in $SDRT_UPSCALERS: {', '.join(known)}" if known else
+                f"$SDRT_UPSCALERS ({env}) holds no .safetensors/.pth model upscaler" if env else
+                "$SDRT_UPSCALERS is not set")
+        raise InputError(f"no upscaler model {args.model!r} ({held})", where="--model",
                          fix="give the path of a .safetensors/.pth file, or a model's name in a folder of $SDRT_UPSCALERS")
     check_writes({"-o": out}, {"IMAGE": args.image, "--model": path})  # upscale IN -o IN: the input is kept
     if args.scale is not None and not (math.isfinite(args.scale) and 1 <= args.scale <= 8):

@@ -93,11 +93,13 @@ def find(name: str) -> DeviceSpec:
         hits = plain if len(plain) == 1 else hits
     if len(hits) == 1:
         return hits[0]
-    close = hits or [d for d in devs if any(w and w in _norm(d.name) for w in name.lower().split()[-1:])]
+    last = [w for w in name.lower().split()[-1:] if _norm(w) not in _VENDOR_WORDS]  # "GPU" names no device
+    close = hits or [d for d in devs if any(w and w in _norm(d.name) for w in last)]
+    names = [d.name for d in (close or devs)]
     raise SdrtError(f"no single library device matches {name!r}" + (f" ({len(hits)} do)" if hits else ""),
                     where="the device library (sdrt/data/devices.json)",
-                    fix="name one of: " + ", ".join(d.name for d in (close or devs)[:12])
-                    + ("" if close else ", ...") + "; or 'cpu' for this machine's CPU")
+                    fix="name one of: " + ", ".join(names[:12]) + (", ..." if len(names) > 12 else "")
+                    + "; or 'cpu' for this machine's CPU (sdrt plan --list-devices lists them all)")
 
 
 #: words that say who made a device, not which one it is ("NVIDIA GeForce RTX 3060", "AMD Radeon RX 7900 XTX")

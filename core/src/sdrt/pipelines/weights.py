@@ -581,10 +581,12 @@ class WeightState:
                 v = e.for_encoder(_EMB_KEYS[n])
                 width = _table_width(self._graph(n))
                 if v is None or v.shape[1] != width:
+                    has = ", ".join(f"{k} {list(a.shape)}" for k, a in e.vectors.items())
                     raise WeightsError(
-                        f"embedding {e.name!r} does not fit {n}: it has "
-                        + ", ".join(f"{k} {list(a.shape)}" for k, a in e.vectors.items())
-                        + f", the encoder's tokens are {width} wide", where=e.source,
+                        f"embedding {e.name!r} has no vectors for {n} ({_EMB_KEYS[n]}): it has {has}, made for "
+                        f"another model family" if v is None else
+                        f"embedding {e.name!r} does not fit {n}: it has {has}, the encoder's tokens are {width} wide",
+                        where=e.source,
                         fix="use an embedding made for this model family (SD 1.x: emb_params [n, 768], "
                         "SD 2.x: [n, 1024], SDXL: clip_l [n, 768] and clip_g [n, 1280])")
         self.embeddings += new

@@ -114,6 +114,8 @@ def run(backends: Sequence[str] | None = None, device: str | None = None, *, qui
     """
     from .checks import GROUPS
 
+    # one name given as a string is one name, not its letters (backends="openvino": 'o', 'p', 'e', ...)
+    backends, only, plugin_modules = ([v] if isinstance(v, str) else v for v in (backends, only, plugin_modules))
     unknown = [g for g in only if g not in GROUPS]
     if unknown:
         raise SdrtError(f"unknown check groups {unknown}", where="sdrt selftest --only",

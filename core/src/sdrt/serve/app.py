@@ -152,6 +152,11 @@ def create_app(config: ServeConfig | None = None, cluster: Any = None) -> Starle
     from . import routes_a1111, routes_openai
 
     config = config or ServeConfig()
+    if config.models is not None and not config.models.is_dir():  # not a FileNotFoundError from the registry's scan
+        from ..errors import InputError
+
+        raise InputError(f"the models folder {config.models} does not exist or is not a folder",
+                         where="ServeConfig(models=...)", fix="give an existing folder, or None for the demo model")
 
     @asynccontextmanager
     async def lifespan(app: Starlette) -> Any:
