@@ -521,3 +521,12 @@ def test_the_cache_command_counts_and_clears_the_stores_kept_beside_the_compile_
     assert (tmp_path / "calibration" / "calibration.json").read_text() == "{}"
     assert main(["cache", "list", "--cache-dir", str(tmp_path)]) == 0
     assert "also" not in capsys.readouterr().out
+
+
+def test_clearing_a_cache_folder_that_does_not_exist_says_so(tmp_path, capsys):
+    from sdrt.cli import main
+
+    missing = tmp_path / "no-such-cache"
+    assert main(["cache", "clear", "--cache-dir", str(missing)]) == 0
+    assert f"removed 0 entries (0 B) from {missing / 'compiled'}; {missing} does not exist" in capsys.readouterr().out
+    assert not missing.exists()

@@ -123,7 +123,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"removed {len(done.entries)} entries ({_size(sum(e.size for e in done.entries))}) from {where}"
               + (f", {len(done.leftovers)} leftovers of interrupted writes" if done.leftovers else "")
               + (f" and {len(done.legacy)} entries of sdrt 0.1's caches" if done.legacy else "")
-              + (f"; and {_derived(gone)} from {cache.root}" if gone else ""))
+              + (f"; and {_derived(gone)} from {cache.root}" if gone else "")
+              + ("" if cache.root.is_dir() else f"; {cache.root} does not exist"))
         if done.foreign:
             n = len(done.foreign)
             kind = "file" if all(p.is_file() for p in done.foreign) else "file or folder"
