@@ -28,6 +28,7 @@ from . import (
     rewrites_dit,  # noqa: F401  (registers the RMSNorm and rotary-embedding rewrites)
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
+from .native import HOST_ALIGN, aligned_empty
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_merged, ne_of, unsupported, wide
 from .ops.fold_wide import FOLDABLE, lower_folded
@@ -57,8 +58,6 @@ def _no_op() -> Any:
     return ggml_lib().ggml_custom_op_t(fill_nothing)
 
 
-#: the alignment of a weight array a CPU buffer wraps (ggml's CPU backend asserts 32 bytes)
-HOST_ALIGN = 64
 #: a GGUF file's blocks are read in place when they are aligned so (GGUF aligns tensor data to 32 bytes)
 BLOCK_ALIGN = 32
 
@@ -72,9 +71,7 @@ def host_array(data: np.ndarray, dtype: str, source: np.ndarray | None) -> np.nd
             and data.ctypes.data % HOST_ALIGN == 0 and (source is None or not np.may_share_memory(data, source))
             and source is not data):
         return data
-    raw = np.empty(data.size * want.itemsize + HOST_ALIGN, np.uint8)
-    start = -raw.ctypes.data % HOST_ALIGN
-    out = raw[start:start + data.size * want.itemsize].view(want).reshape(data.shape)
+    out = aligned_empty(data.shape, want)
     np.copyto(out, data, casting="unsafe")
     return out
 

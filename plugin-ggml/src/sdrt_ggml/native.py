@@ -386,6 +386,20 @@ def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
                           tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
 
+#: the alignment of a weight array a CPU buffer wraps (ggml's CPU backend asserts 32 bytes)
+HOST_ALIGN = 64
+
+
+def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+    """An uninitialised C-contiguous array starting on a ``HOST_ALIGN`` boundary: the weight layouts below are made
+    in one, so that lowering hands them to ggml's buffers as they are (``lower.host_array`` copies any other)."""
+    dtype = np.dtype(dtype)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    raw = np.empty(nbytes + HOST_ALIGN, np.uint8)
+    start = -raw.ctypes.data % HOST_ALIGN
+    return raw[start:start + nbytes].view(dtype).reshape(shape)
+
+
 def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
     """B given as (N, K) rows -> bf16 panels of 32 columns, each two halves of 16, each K as ceil(K/2) pairs
     with the pair of a column side by side: (ceil(N/32), 2, ceil(K/2), 16 x 2) uint16 (bf16 bit patterns, zero
@@ -396,7 +410,7 @@ def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
     if w.ndim != 2 or any(st <= 0 or st % 4 for st in w.strides):
         w = np.ascontiguousarray(w)
     n, k = w.shape
-    out = np.empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
+    out = aligned_empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
     (lib or _lib()).sdrt_pack_b_bf16(w.ctypes.data, n, k, w.strides[0] // 4, w.strides[1] // 4, out.ctypes.data)
     return out
 
@@ -407,7 +421,7 @@ def bf16_rows(w: np.ndarray) -> np.ndarray:
     W with ``conv_params(bf16=True)``."""
     w = np.ascontiguousarray(w, dtype=np.float32)
     oc, k = w.shape
-    out = np.empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
+    out = aligned_empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
     _lib().sdrt_bf16_rows(w.ctypes.data, oc, k, out.shape[1], out.ctypes.data)
     return out
 
@@ -430,7 +444,7 @@ def pairs_weights(w: np.ndarray) -> np.ndarray:
     w = np.ascontiguousarray(w, dtype=np.float32)
     oc, c, kh, kw = w.shape
     c2 = pairs_count(c)
-    out = np.empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)
+    out = aligned_empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)
     _lib().sdrt_pairs_weights(w.ctypes.data, oc, c, kh * kw, c2, out.ctypes.data)
     return out
 

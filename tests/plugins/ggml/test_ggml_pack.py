@@ -1,7 +1,8 @@
 """The bf16 kernels' weight layouts (native/pack.c: ``native.pack_b_bf16``, ``bf16_rows``, ``pairs_weights``) against
 the layouts written out in numpy here, with ml_dtypes' float32 -> bfloat16 cast as the rounding (round to nearest
 even): odd K, N not a multiple of 32, OC not a multiple of 16, C not a multiple of 32, a transposed view read in
-place, and the values rounding finds hard (ties, the largest finite, infinities, subnormals, NaN kept a NaN)."""
+place, and the values rounding finds hard (ties, the largest finite, infinities, subnormals, NaN kept a NaN). Each
+is made aligned for ggml's CPU buffers, so that lowering hands it over without another copy."""
 
 from __future__ import annotations
 
@@ -76,3 +77,13 @@ def test_pairs_kernel(oc, c, kh, kw):
     want = np.zeros((-(-oc // 16) * 16, kh * kw, 2 * c2), np.uint16)
     want[:oc, :, :c] = _bits(w).reshape(oc, c, kh * kw).transpose(0, 2, 1)
     _same(native.pairs_weights(w), want.reshape(want.shape[0], -1))
+
+
+def test_the_layouts_reach_ggml_without_another_copy():
+    from sdrt_ggml.lower import host_array
+
+    w = _hard((40, 70), 3)
+    k = _hard((20, 35, 3, 3), 4)
+    for made, source in ((native.pack_b_bf16(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k)):
+        assert made.ctypes.data % native.HOST_ALIGN == 0
+        assert host_array(made, "uint16", source) is made
