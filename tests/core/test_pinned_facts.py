@@ -138,3 +138,23 @@ def test_a_weight_fed_as_an_input_is_another_structure(tmp_path, work):
     as_input = _Plan(path)._activations(calls, None, None)[0]["unet"]
     assert as_input == as_weight + 64 * 64 * 4
     assert work["peaks"] == 2
+
+
+def test_only_the_stores_own_entries_are_pruned(tmp_path, work, monkeypatch):
+    """The folder keeps the newest KEEP entries and facts; a file of another name (or a link) there is not sdrt's."""
+    from sdrt.graph import pinned_store
+
+    monkeypatch.setattr(pinned_store, "KEEP", 1)
+    folder = tmp_path / "cache" / "pinned"
+    folder.mkdir(parents=True)
+    for name in ("notes.bin", "notes.fact"):
+        (folder / name).write_text("mine")
+        os.utime(folder / name, (0, 0))
+    (folder / f"{'0' * 64}.fact").symlink_to(folder / "notes.fact")
+    path = tmp_path / "model.onnx"
+    _model(path)
+    calls = {"unet": [{"x": (8, 3)}, {"x": (2, 3)}]}
+    _Plan(path)._activations(calls, None, None)
+    names = sorted(p.name for p in folder.iterdir())
+    assert [n for n in names if n.endswith(".bin") and n != "notes.bin"] and "notes.bin" in names
+    assert len([n for n in names if n.endswith(".fact")]) == 3 and "notes.fact" in names
