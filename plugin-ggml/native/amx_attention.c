@@ -205,6 +205,16 @@ static TARGET_AMX inline float row_max(const float *s, int kv) {
     return _mm512_reduce_max_ps(mx);
 }
 
+/* whether each of a row's first kv scores is -inf (a NaN is not: the reduction above may drop it) */
+static TARGET_AMX inline int all_neg_inf(const float *s, int kv) {
+    for (int c = 0; c < kv; c += 16) {
+        const __mmask16 k = kv - c >= 16 ? 0xffff : (__mmask16)((1u << (kv - c)) - 1);
+        if (_mm512_mask_cmp_ps_mask(k, _mm512_maskz_loadu_ps(k, s + c), _mm512_set1_ps(-INFINITY), _CMP_NEQ_UQ))
+            return 0;
+    }
+    return 1;
+}
+
 /* how far a block's largest score may exceed the running maximum m before m moves (P up to 2^LAZY_MAX) */
 #define LAZY_MAX 8.0f
 
@@ -219,7 +229,15 @@ static TARGET_AMX void softmax_block(const amx_head *hd, int rows, int kb, int k
         const float mold = m[r];
         float smax, sum;
         if (mold == -INFINITY) { /* the first block: its maximum */
-            sum = exp_row(s, p, kb, kv, row_max(s, kv), &smax);
+            const float bmax = row_max(s, kv);
+            if (bmax == -INFINITY && all_neg_inf(s, kv)) { /* every score so far -inf (a product past float32's
+                                                            * range): nothing to add yet, as on the float32 path
+                                                            * (2^(S - m) would be NaN); a NaN score goes on */
+                memset(p, 0, sizeof(uint16_t) * (size_t)kb);
+                alpha[r] = 1.0f;
+                continue;
+            }
+            sum = exp_row(s, p, kb, kv, bmax, &smax);
             m[r] = smax;
             alpha[r] = 0.0f;
         } else {

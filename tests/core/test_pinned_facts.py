@@ -118,3 +118,43 @@ def test_an_unwritable_or_corrupt_cache_changes_nothing_but_the_time(tmp_path, w
     assert _Plan(path)._activations(calls, None, None)[0] == want
     assert _dry(path, 3) == (3, 6)
     assert (work["infer"], work["peaks"]) == (4, 4)
+
+
+def test_a_weight_fed_as_an_input_is_another_structure(tmp_path, work):
+    """A large initializer and a graph input of the same name and type have the same inference skeleton, but the
+    activation peak counts the input and not the weight: a file rewritten so is counted anew, not read back."""
+    w = helper.make_tensor("w", TensorProto.FLOAT, [64, 64], np.ones((64, 64), np.float32))
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 64])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 64])
+    node = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    path = tmp_path / "model.onnx"
+    calls = {"unet": [{"x": (2, 64)}]}
+    opset = [helper.make_opsetid("", 17)]
+    onnx.save(helper.make_model(helper.make_graph(node, "g", [x], [y], [w]), opset_imports=opset), str(path))
+    as_weight = _Plan(path)._activations(calls, None, None)[0]["unet"]
+    wi = helper.make_tensor_value_info("w", TensorProto.FLOAT, [64, 64])
+    onnx.save(helper.make_model(helper.make_graph(node, "g", [x, wi], [y]), opset_imports=opset), str(path))
+    shapes._INFERRED.clear()  # a new process
+    as_input = _Plan(path)._activations(calls, None, None)[0]["unet"]
+    assert as_input == as_weight + 64 * 64 * 4
+    assert work["peaks"] == 2
+
+
+def test_only_the_stores_own_entries_are_pruned(tmp_path, work, monkeypatch):
+    """The folder keeps the newest KEEP entries and facts; a file of another name (or a link) there is not sdrt's."""
+    from sdrt.graph import pinned_store
+
+    monkeypatch.setattr(pinned_store, "KEEP", 1)
+    folder = tmp_path / "cache" / "pinned"
+    folder.mkdir(parents=True)
+    for name in ("notes.bin", "notes.fact"):
+        (folder / name).write_text("mine")
+        os.utime(folder / name, (0, 0))
+    (folder / f"{'0' * 64}.fact").symlink_to(folder / "notes.fact")
+    path = tmp_path / "model.onnx"
+    _model(path)
+    calls = {"unet": [{"x": (8, 3)}, {"x": (2, 3)}]}
+    _Plan(path)._activations(calls, None, None)
+    names = sorted(p.name for p in folder.iterdir())
+    assert [n for n in names if n.endswith(".bin") and n != "notes.bin"] and "notes.bin" in names
+    assert len([n for n in names if n.endswith(".fact")]) == 3 and "notes.fact" in names

@@ -4,7 +4,7 @@ What is left is the rounding of the softmax weights to bf16 (relative 2^-9 each)
 sum_j p_j |v_j| (plus float32 sums). Shapes: head dims that end in a partial step of 16 pairs (40: SD 1.5's,
 odd ones), values past a multiple of 16 columns, keys past a multiple of 32 and across blocks of 512, query rows
 past a multiple of 16 and 32, K and V read through transposed views, 1 to 3 threads, ggml's threads and the pool,
-a later block whose scores move the running maximum.
+a later block whose scores move the running maximum, a first block whose scores all overflow to -inf.
 Also: without bf16, with a mask, or with the tiles turned off the op keeps its float32 path (1e-4), and a bf16
 lowering of an attention graph takes the bf16 path."""
 
@@ -120,6 +120,17 @@ def test_amx_attention_a_later_key_far_above_the_first_block(ops, threads):
     q, k, v = _inputs(shape, 5)
     k[:, :, 700] = 8.0
     got = run_native_graph(_graph(ops, q, k, v, None, 40**-0.5, True), threads).transpose(0, 2, 1, 3)
+    want, bound = bf16_reference(q, k, v, 40**-0.5)
+    assert np.isfinite(got).all() and (np.abs(got - want) / bound).max() <= 1.0
+
+
+def test_amx_attention_a_first_block_of_scores_past_float32(ops):
+    """Scores that overflow float32 to -inf over the whole first block (a key dim of -1e38) weigh 0, as on the
+    float32 path, and the later blocks give the answer: not NaN (2^(S - m) with m = -inf)."""
+    q, k, v = _inputs((1, 1, 20, 700, 40, 40), 6)
+    q[..., 0] = 1e3
+    k[:, :, :512, 0] = -1e38
+    got = run_native_graph(_graph(ops, q, k, v, None, 40**-0.5, True), 1).transpose(0, 2, 1, 3)
     want, bound = bf16_reference(q, k, v, 40**-0.5)
     assert np.isfinite(got).all() and (np.abs(got - want) / bound).max() <= 1.0
 

@@ -91,11 +91,14 @@ def store_fact(key: bytes | None, fact: str, value: int) -> None:
 
 
 def _write(path: Path, chunks: list[bytes]) -> None:
+    from ..cache.derived import STORES
     from ..cache.paths import write_atomic
 
     try:
         write_atomic(path, chunks)
-        entries = sorted(path.parent.glob(f"*{path.suffix}"), key=lambda p: p.stat().st_mtime_ns)
+        ours = [p for p in path.parent.glob(f"*{path.suffix}") if STORES["pinned"].fullmatch(p.name)]
+        ours = [p for p in ours if not p.is_symlink()]  # only what sdrt wrote (cache.derived), never a link
+        entries = sorted(ours, key=lambda p: p.stat().st_mtime_ns)
         for old in entries[:-KEEP]:
             old.unlink(missing_ok=True)
     except OSError as exc:

@@ -148,9 +148,12 @@ _MEMO_LOCK = threading.Lock()  # pipelines of a server may pin from several thre
 
 def _memo_key(model: onnx.ModelProto) -> bytes:
     """A digest of everything inference and folding read: the inference skeleton (nodes, pinned inputs and
-    outputs, small initializers' values, every other initializer's type and dims) and the values of the integer
-    initializers folding may turn into shapes (up to folding's 1 MB)."""
+    outputs, small initializers' values, every other initializer's type and dims), which names are initializers
+    (the skeleton lists a large one as an input: a graph fed that weight as an input has the same skeleton, but
+    folding and the facts kept under this key, ``pinned_store.store_fact``, read it otherwise) and the values of the
+    integer initializers folding may turn into shapes (up to folding's 1 MB)."""
     h = hashlib.blake2b(skeleton(model).SerializeToString(deterministic=True), digest_size=20)
+    h.update(repr([t.name for t in model.graph.initializer]).encode())
     for t in model.graph.initializer:
         if t.data_type in _INT_TYPES and not onnxfile.uses_external(t) and 4096 < t.ByteSize() <= 1 << 20:
             h.update(t.SerializeToString(deterministic=True))
