@@ -530,3 +530,26 @@ def test_clearing_a_cache_folder_that_does_not_exist_says_so(tmp_path, capsys):
     assert main(["cache", "clear", "--cache-dir", str(missing)]) == 0
     assert f"removed 0 entries (0 B) from {missing / 'compiled'}; {missing} does not exist" in capsys.readouterr().out
     assert not missing.exists()
+
+
+def test_an_entry_that_cannot_be_removed_is_not_called_foreign(tmp_path, capsys, monkeypatch):
+    """(Run as root, a read-only folder cannot stop a removal: the refusal is made by hand.)"""
+    from pathlib import Path
+
+    from sdrt.cli import main
+
+    (tmp_path / "pinned").mkdir()
+    stuck = tmp_path / "pinned" / ("a" * 64 + ".fact")
+    stuck.write_text("5")
+    real = Path.unlink
+
+    def refuse(self, *args, **kwargs):
+        if self == stuck:
+            raise PermissionError(13, "Permission denied", str(self))
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "unlink", refuse)
+    assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert f"could not remove 1 of sdrt's entries (this user cannot delete them): {stuck}" in out
+    assert "did not write" not in out and stuck.exists()

@@ -407,7 +407,7 @@ def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
     (vdpbf16ps multiplies a pair of K a lane: native/sdrt_native.h). Written by native/pack.c in one pass, from
     ``w`` in place where it is a float32 view with positive strides (a transposed weight)."""
     w = np.asarray(w, dtype=np.float32)
-    if w.ndim != 2 or any(st <= 0 or st % 4 for st in w.strides):
+    if w.ndim != 2 or w.ctypes.data % 4 or any(st <= 0 or st % 4 for st in w.strides):
         w = np.ascontiguousarray(w)
     n, k = w.shape
     out = aligned_empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
@@ -419,7 +419,7 @@ def bf16_rows(w: np.ndarray) -> np.ndarray:
     """A conv's kernel rows (OC, K) as bf16 bit patterns (uint16), each row padded with zeros to an even
     length whose pairs (4 bytes each) do not crowd into a few L1 sets (``row_stride``): ``sdrt_conv_op``'s
     W with ``conv_params(bf16=True)``."""
-    w = np.ascontiguousarray(w, dtype=np.float32)
+    w = np.require(w, np.float32, ["C", "A"])
     oc, k = w.shape
     out = aligned_empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
     _lib().sdrt_bf16_rows(w.ctypes.data, oc, k, out.shape[1], out.ctypes.data)
@@ -441,7 +441,7 @@ def pairs_count(c: int) -> int:
 def pairs_weights(w: np.ndarray) -> np.ndarray:
     """A kernel (OC, C, KH, KW) as bf16 bit patterns [OC16][tap][C2][2] (``pairs_count`` pairs, zeros past C; rows
     past OC zero up to a multiple of 16): ``sdrt_conv_op``'s W with ``conv_params(bf16=2)`` (native/amx_conv.c)."""
-    w = np.ascontiguousarray(w, dtype=np.float32)
+    w = np.require(w, np.float32, ["C", "A"])
     oc, c, kh, kw = w.shape
     c2 = pairs_count(c)
     out = aligned_empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)

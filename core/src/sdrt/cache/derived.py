@@ -43,19 +43,19 @@ def held(root: Path) -> dict[str, Held]:
     return out
 
 
-def clear(root: Path) -> tuple[dict[str, Held], list[Path]]:
-    """Remove every entry of each store under ``root``; returns what was removed, by folder name, and what was
-    left: what sdrt did not write, and what could not be removed (this user may not write there)."""
-    gone, left = {}, []
+def clear(root: Path) -> tuple[dict[str, Held], list[Path], list[Path]]:
+    """Remove every entry of each store under ``root``; returns what was removed, by folder name, what was left
+    because sdrt did not write it, and what could not be removed (this user may not write there)."""
+    gone, foreign, failed = {}, [], []
     for name, found in held(root).items():
         done = Held()
-        left += found.foreign
+        foreign += found.foreign
         for p in found.entries:
             size = _bytes(p)
             try:
                 shutil.rmtree(p) if p.is_dir() else p.unlink(missing_ok=True)
             except OSError:
-                left.append(p)
+                failed.append(p)
                 continue
             done.entries.append(p)
             done.size += size
@@ -65,7 +65,7 @@ def clear(root: Path) -> tuple[dict[str, Held], list[Path]]:
             (root / name).rmdir()  # only when nothing else is left there
         except OSError:
             pass
-    return gone, left
+    return gone, foreign, failed
 
 
 def _children(folder: Path) -> list[Path]:

@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
             folders = [cache.compiled / args.backend]
         else:
             folders = [cache.compiled, *(cache.compiled / b for b in cache.backends())]
+            if args.action == "clear":  # the stores kept beside the compile cache go too
+                folders += [cache.root / name for name in derived.STORES]
         locked = [f for f in folders if f.is_dir() and not os.access(f, os.W_OK | os.X_OK)]
         if locked:  # it said "removed 3 entries" and removed none
             raise SdrtError(f"cannot remove entries from {_files(locked)}: this user cannot write there",
@@ -117,8 +119,8 @@ def run(args: argparse.Namespace) -> int:
         return 0
     if args.action == "clear":
         done = cache.clear(args.backend)
-        gone, left = derived.clear(cache.root) if not args.backend else ({}, [])
-        done.foreign.extend(left)
+        gone, foreign, failed = derived.clear(cache.root) if not args.backend else ({}, [], [])
+        done.foreign.extend(foreign)
         where = cache.compiled / args.backend if args.backend else cache.compiled
         print(f"removed {len(done.entries)} entries ({_size(sum(e.size for e in done.entries))}) from {where}"
               + (f", {len(done.leftovers)} leftovers of interrupted writes" if done.leftovers else "")
@@ -130,6 +132,9 @@ def run(args: argparse.Namespace) -> int:
             kind = "file" if all(p.is_file() for p in done.foreign) else "file or folder"
             kind = kind if n == 1 else kind.replace("file", "files").replace("folder", "folders")
             print(printable(f"left {n} {kind} sdrt did not write: {_files(done.foreign)}"))
+        if failed:
+            print(printable(f"could not remove {len(failed)} of sdrt's entries (this user cannot delete them): "
+                            f"{_files(failed)}"))
         return 0
     cap = parse_size(args.max_size, "sdrt cache prune --max-size") if args.max_size else None
     cache.sweep()

@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .. import __version__
 from ..errors import ModelError
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -176,8 +177,8 @@ def _attention_scores(a: _Analysis, producer: int, last: int) -> bool:
 
 
 #: the name ``activation_peaks``'s whole-graph figure is kept under beside a pinned graph (``graph.pinned_store``):
-#: bump its version when what it counts changes
-PEAK_FACT = "activation peak v1"
+#: bump its version when what it counts changes (sdrt's version is part of it too, so an upgrade counts afresh)
+PEAK_FACT = f"activation peak v1 (sdrt {__version__})"
 
 
 def activation_peaks(graph: Graph, groups: list[Group] | None = None) -> list[int]:
