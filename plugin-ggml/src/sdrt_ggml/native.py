@@ -411,7 +411,9 @@ def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
         w = np.ascontiguousarray(w)
     n, k = w.shape
     out = aligned_empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
-    (lib or _lib()).sdrt_pack_b_bf16(w.ctypes.data, n, k, w.strides[0] // 4, w.strides[1] // 4, out.ctypes.data)
+    fn, sn, sk = (lib or _lib()).sdrt_pack_b_bf16, w.strides[0] // 4, w.strides[1] // 4
+    _in_parts(out.shape[0], n * k, lambda p0, p1: fn(w[p0 * NR:p1 * NR].ctypes.data, min(n, p1 * NR) - p0 * NR, k,
+                                                     sn, sk, out[p0:p1].ctypes.data))
     return out
 
 
@@ -422,7 +424,8 @@ def bf16_rows(w: np.ndarray) -> np.ndarray:
     w = np.require(w, np.float32, ["C", "A"])
     oc, k = w.shape
     out = aligned_empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
-    _lib().sdrt_bf16_rows(w.ctypes.data, oc, k, out.shape[1], out.ctypes.data)
+    fn = _lib().sdrt_bf16_rows
+    _in_parts(oc, oc * k, lambda r0, r1: fn(w[r0:r1].ctypes.data, r1 - r0, k, out.shape[1], out[r0:r1].ctypes.data))
     return out
 
 
@@ -445,8 +448,37 @@ def pairs_weights(w: np.ndarray) -> np.ndarray:
     oc, c, kh, kw = w.shape
     c2 = pairs_count(c)
     out = aligned_empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)
-    _lib().sdrt_pairs_weights(w.ctypes.data, oc, c, kh * kw, c2, out.ctypes.data)
+    fn = _lib().sdrt_pairs_weights
+    _in_parts(out.shape[0] // 16, oc * c * kh * kw, lambda b0, b1: fn(
+        w[16 * b0:16 * b1].ctypes.data, min(oc, 16 * b1) - 16 * b0, c, kh * kw, c2, out[16 * b0:16 * b1].ctypes.data))
     return out
+
+
+#: weights of at least this many values are laid out by several threads (ctypes lets the GIL go during each call)
+PARTS_FROM = 1 << 20
+
+
+def _in_parts(units: int, values: int, run: Any) -> None:
+    """``run(u0, u1)`` over ``[0, units)``: whole for a small weight, else split among up to ``_layout_threads()``
+    threads (a model's lowering lays out its weights one after another: 860M values in SD 1.5's UNet)."""
+    threads = min(units, _layout_threads()) if values >= PARTS_FROM else 1
+    if threads <= 1:
+        run(0, units)
+        return
+    bounds = [units * i // threads for i in range(threads + 1)]
+    list(_layout_pool().map(lambda i: run(bounds[i], bounds[i + 1]), range(threads)))
+
+
+@functools.cache
+def _layout_threads() -> int:
+    return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
+
+
+@functools.cache
+def _layout_pool() -> Any:
+    from concurrent.futures import ThreadPoolExecutor
+
+    return ThreadPoolExecutor(_layout_threads(), thread_name_prefix="sdrt-ggml-layout")
 
 
 def _lib() -> ctypes.CDLL:

@@ -1,7 +1,8 @@
 """The bf16 kernels' weight layouts (native/pack.c: ``native.pack_b_bf16``, ``bf16_rows``, ``pairs_weights``) against
 the layouts written out in numpy here, with ml_dtypes' float32 -> bfloat16 cast as the rounding (round to nearest
 even): odd K, N not a multiple of 32, OC not a multiple of 16, C not a multiple of 32, a transposed view read in
-place, and the values rounding finds hard (ties, the largest finite, infinities, subnormals, NaN kept a NaN). Each
+place, weights large enough to be laid out by several threads (``native.PARTS_FROM``; fewer units than threads
+too), and the values rounding finds hard (ties, the largest finite, infinities, subnormals, NaN kept a NaN). Each
 is made aligned for ggml's CPU buffers, so that lowering hands it over without another copy."""
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ def _pack_b_reference(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(full.reshape(p, 2, 16, k2, 2).transpose(0, 1, 3, 2, 4)).reshape(p, 2, k2, 32)
 
 
-@pytest.mark.parametrize("n,k", [(1, 1), (31, 7), (32, 64), (33, 65), (320, 1280), (77, 768)])
+@pytest.mark.parametrize("n,k", [(1, 1), (31, 7), (32, 64), (33, 65), (320, 1280), (77, 768), (1001, 1100), (33, 40000)])
 def test_gemm_panels(n, k):
     w = _hard((n, k), n * 1000 + k)
     _same(native.pack_b_bf16(w), _pack_b_reference(w))
@@ -60,7 +61,7 @@ def test_gemm_panels(n, k):
     _same(native.pack_b_bf16(wt), _pack_b_reference(w))
 
 
-@pytest.mark.parametrize("oc,k", [(1, 3), (16, 27), (17, 576), (64, 1152)])
+@pytest.mark.parametrize("oc,k", [(1, 3), (16, 27), (17, 576), (64, 1152), (601, 1800), (1, 1100000)])
 def test_conv_rows(oc, k):
     w = _hard((oc, k), oc + k)
     got = native.bf16_rows(w)
@@ -70,7 +71,8 @@ def test_conv_rows(oc, k):
     _same(got, want)
 
 
-@pytest.mark.parametrize("oc,c,kh,kw", [(1, 1, 1, 1), (16, 32, 3, 3), (17, 33, 3, 3), (40, 64, 1, 1), (8, 3, 3, 3)])
+@pytest.mark.parametrize("oc,c,kh,kw", [(1, 1, 1, 1), (16, 32, 3, 3), (17, 33, 3, 3), (40, 64, 1, 1), (8, 3, 3, 3),
+                                         (130, 900, 3, 3), (3, 40000, 3, 3)])
 def test_pairs_kernel(oc, c, kh, kw):
     w = _hard((oc, c, kh, kw), oc * c + kh)
     c2 = native.pairs_count(c)
