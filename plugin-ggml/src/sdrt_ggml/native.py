@@ -474,11 +474,17 @@ def _layout_threads() -> int:
     return max(1, min(len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1, 8))
 
 
-@functools.cache
+#: (the process's id, its layout threads): a child forked after a layout has none of its parent's threads, so each
+#: process makes its own rather than rely on a copied executor's bookkeeping
+_LAYOUT_POOL: list[tuple[int, Any]] = []
+
+
 def _layout_pool() -> Any:
     from concurrent.futures import ThreadPoolExecutor
 
-    return ThreadPoolExecutor(_layout_threads(), thread_name_prefix="sdrt-ggml-layout")
+    if not _LAYOUT_POOL or _LAYOUT_POOL[0][0] != os.getpid():
+        _LAYOUT_POOL[:] = [(os.getpid(), ThreadPoolExecutor(_layout_threads(), thread_name_prefix="sdrt-ggml-layout"))]
+    return _LAYOUT_POOL[0][1]
 
 
 def _lib() -> ctypes.CDLL:

@@ -89,3 +89,17 @@ def test_the_layouts_reach_ggml_without_another_copy():
     for made, source in ((native.pack_b_bf16(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k)):
         assert made.ctypes.data % native.HOST_ALIGN == 0
         assert host_array(made, "uint16", source) is made
+
+
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="os.fork is POSIX-only")
+def test_a_child_forked_after_a_layout_lays_out_too():
+    """The layout threads are the process's own: a child forked after the parent used them (a server's or a test
+    runner's worker) makes its own instead of queueing work on threads it does not have."""
+    import multiprocessing
+
+    w = _hard((1001, 1100), 5)
+    want = native.pack_b_bf16(w)  # the parent's threads now exist
+    ctx = multiprocessing.get_context("fork")
+    with ctx.Pool(1) as pool:
+        got = pool.apply_async(native.pack_b_bf16, (w,)).get(timeout=60)
+    np.testing.assert_array_equal(got, want)
