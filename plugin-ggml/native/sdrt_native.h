@@ -227,16 +227,16 @@ typedef struct sdrt_bf16_kernels_ {
  * ISA is not AVX-512 (SDRT_GGML_GEMM_ISA pins another: the products then widen bf16 to float32) */
 const sdrt_bf16_kernels *sdrt_kernels_bf16(void);
 int sdrt_cpu_has_bf16(void);
-/* float32 -> bf16 bits, round to nearest even (a NaN kept a NaN) */
+/* float32 -> bf16 bits, round to nearest even (a NaN kept a NaN); a select, not a branch, so that loops of it
+ * vectorize (native/pack.c) */
 static inline uint16_t sdrt_f32_to_bf16(float f) {
     union {
         uint32_t u;
         float f;
     } v;
     v.f = f;
-    if ((v.u & 0x7FFFFFFFu) > 0x7F800000u)
-        return (uint16_t)((v.u >> 16) | 0x40u);
-    return (uint16_t)((v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16);
+    const uint32_t rounded = (v.u + 0x7FFFu + ((v.u >> 16) & 1u)) >> 16;
+    return (uint16_t)((v.u & 0x7FFFFFFFu) > 0x7F800000u ? (v.u >> 16) | 0x40u : rounded);
 }
 /* bf16 bits -> float32 (exact) */
 static inline float sdrt_bf16_to_f32(uint16_t h) {
