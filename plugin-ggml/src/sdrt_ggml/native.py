@@ -375,14 +375,16 @@ def packed_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any
     """A weights tensor of bf16 GEMM panels (``pack_b_bf16``) of ``transform(arr)``, (N, K) rows;
     ``update_weights`` packs new values the same way."""
     lowering.used("gemm bf16")
-    return lowering.const(arr, transform=lambda v: pack_b_bf16(transform(np.asarray(v, np.float32))),
+    threads = _threads_of(lowering)
+    return lowering.const(arr, transform=lambda v: pack_b_bf16(transform(np.asarray(v, np.float32)), threads=threads),
                           tag=f"B16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
 
 def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
     """A weights tensor of bf16 conv rows (``bf16_rows``) of ``transform(arr)``, (OC, K)."""
     lowering.used("conv bf16")
-    return lowering.const(arr, transform=lambda v: bf16_rows(transform(np.asarray(v, np.float32))),
+    threads = _threads_of(lowering)
+    return lowering.const(arr, transform=lambda v: bf16_rows(transform(np.asarray(v, np.float32)), threads),
                           tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
 
@@ -400,7 +402,7 @@ def aligned_empty(shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return raw[start:start + nbytes].view(dtype).reshape(shape)
 
 
-def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
+def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None, threads: int | None = None) -> np.ndarray:
     """B given as (N, K) rows -> bf16 panels of 32 columns, each two halves of 16, each K as ceil(K/2) pairs
     with the pair of a column side by side: (ceil(N/32), 2, ceil(K/2), 16 x 2) uint16 (bf16 bit patterns, zero
     columns and a zero last K where N or K fall short); what ``sdrt_gemm_op`` reads with ``bf16=True``
@@ -413,11 +415,11 @@ def pack_b_bf16(w: np.ndarray, lib: ctypes.CDLL | None = None) -> np.ndarray:
     out = aligned_empty((-(-n // NR), 2, -(-k // 2), NR), np.uint16)
     fn, sn, sk = (lib or _lib()).sdrt_pack_b_bf16, w.strides[0] // 4, w.strides[1] // 4
     _in_parts(out.shape[0], n * k, lambda p0, p1: fn(w[p0 * NR:p1 * NR].ctypes.data, min(n, p1 * NR) - p0 * NR, k,
-                                                     sn, sk, out[p0:p1].ctypes.data))
+                                                     sn, sk, out[p0:p1].ctypes.data), threads)
     return out
 
 
-def bf16_rows(w: np.ndarray) -> np.ndarray:
+def bf16_rows(w: np.ndarray, threads: int | None = None) -> np.ndarray:
     """A conv's kernel rows (OC, K) as bf16 bit patterns (uint16), each row padded with zeros to an even
     length whose pairs (4 bytes each) do not crowd into a few L1 sets (``row_stride``): ``sdrt_conv_op``'s
     W with ``conv_params(bf16=True)``."""
@@ -425,14 +427,16 @@ def bf16_rows(w: np.ndarray) -> np.ndarray:
     oc, k = w.shape
     out = aligned_empty((oc, 2 * row_stride(-(-k // 2))), np.uint16)
     fn = _lib().sdrt_bf16_rows
-    _in_parts(oc, oc * k, lambda r0, r1: fn(w[r0:r1].ctypes.data, r1 - r0, k, out.shape[1], out[r0:r1].ctypes.data))
+    _in_parts(oc, oc * k, lambda r0, r1: fn(w[r0:r1].ctypes.data, r1 - r0, k, out.shape[1], out[r0:r1].ctypes.data),
+              threads)
     return out
 
 
 def pairs_rows(lowering: Any, arr: np.ndarray) -> Any:
     """A weights tensor of a conv's kernel (OC, C, KH, KW) as ``pairs_weights``, remade so by ``update_weights``."""
     lowering.used("conv amx")
-    return lowering.const(arr, transform=lambda v: pairs_weights(np.asarray(v, np.float32)), tag="P16",
+    threads = _threads_of(lowering)
+    return lowering.const(arr, transform=lambda v: pairs_weights(np.asarray(v, np.float32), threads), tag="P16",
                           dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
 
@@ -441,7 +445,7 @@ def pairs_count(c: int) -> int:
     return -(-c // 32) * 16
 
 
-def pairs_weights(w: np.ndarray) -> np.ndarray:
+def pairs_weights(w: np.ndarray, threads: int | None = None) -> np.ndarray:
     """A kernel (OC, C, KH, KW) as bf16 bit patterns [OC16][tap][C2][2] (``pairs_count`` pairs, zeros past C; rows
     past OC zero up to a multiple of 16): ``sdrt_conv_op``'s W with ``conv_params(bf16=2)`` (native/amx_conv.c)."""
     w = np.require(w, np.float32, ["C", "A"])
@@ -450,7 +454,8 @@ def pairs_weights(w: np.ndarray) -> np.ndarray:
     out = aligned_empty((-(-oc // 16) * 16, kh * kw * 2 * c2), np.uint16)
     fn = _lib().sdrt_pairs_weights
     _in_parts(out.shape[0] // 16, oc * c * kh * kw, lambda b0, b1: fn(
-        w[16 * b0:16 * b1].ctypes.data, min(oc, 16 * b1) - 16 * b0, c, kh * kw, c2, out[16 * b0:16 * b1].ctypes.data))
+        w[16 * b0:16 * b1].ctypes.data, min(oc, 16 * b1) - 16 * b0, c, kh * kw, c2, out[16 * b0:16 * b1].ctypes.data),
+        threads)
     return out
 
 
@@ -458,15 +463,21 @@ def pairs_weights(w: np.ndarray) -> np.ndarray:
 PARTS_FROM = 1 << 20
 
 
-def _in_parts(units: int, values: int, run: Any) -> None:
-    """``run(u0, u1)`` over ``[0, units)``: whole for a small weight, else split among up to ``_layout_threads()``
-    threads (a model's lowering lays out its weights one after another: 860M values in SD 1.5's UNet)."""
-    threads = min(units, _layout_threads()) if values >= PARTS_FROM else 1
+def _in_parts(units: int, values: int, run: Any, threads: int | None = None) -> None:
+    """``run(u0, u1)`` over ``[0, units)``: whole for a small weight, else split among up to ``threads`` (the
+    compile's ``threads=``; by default ``_layout_threads()``) threads, at most ``_layout_threads()`` at once (a
+    model's lowering lays out its weights one after another: 860M values in SD 1.5's UNet)."""
+    threads = min(units, threads or _layout_threads()) if values >= PARTS_FROM else 1
     if threads <= 1:
         run(0, units)
         return
     bounds = [units * i // threads for i in range(threads + 1)]
     list(_layout_pool().map(lambda i: run(bounds[i], bounds[i + 1]), range(threads)))
+
+
+def _threads_of(lowering: Any) -> int | None:
+    """The compile's ``threads=`` (the weights' layouts use no more threads than the model will), None when unset."""
+    return int(lowering.options.get("threads") or 0) or None
 
 
 @functools.cache

@@ -103,3 +103,23 @@ def test_a_child_forked_after_a_layout_lays_out_too():
     with ctx.Pool(1) as pool:
         got = pool.apply_async(native.pack_b_bf16, (w,)).get(timeout=60)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_compile_with_threads_1_lays_out_on_its_own_thread(monkeypatch):
+    """The layouts use no more threads than the compile's ``threads=``: with 1, a large weight is laid out by the
+    compiling thread alone; by default it is split."""
+    from ggml_helpers import F, compile_ggml, make_model, rand
+    from onnx import helper
+
+    w = rand(1024, 1100)  # 1.1M values: at least PARTS_FROM
+    model = make_model([helper.make_node("MatMul", ["x", "w"], ["y"])], {"x": ((2, 1024), F)}, {"y": ((2, 1100), F)},
+                       {"w": w})
+    used = []
+    real = native._layout_pool
+    monkeypatch.setattr(native, "_layout_pool", lambda: used.append(1) or real())
+    x = rand(2, 1024, seed=1)
+    alone = compile_ggml(model, precision="bf16", threads=1).run({"x": x})["y"]
+    assert used == []
+    split = compile_ggml(model, precision="bf16").run({"x": x})["y"]
+    assert used or native._layout_threads() == 1
+    np.testing.assert_array_equal(alone, split)
