@@ -34,6 +34,7 @@ from urllib.parse import urlparse
 from urllib.request import url2pathname
 
 from . import hardware
+from .args import one_or_many
 from .errors import InstallError
 from .hardware.recommend import strength
 from .plugins import compatible_requirement, reset_registry
@@ -87,11 +88,6 @@ class InstallResult:
     dry_run: bool = False
 
 
-def _arg_list(extra_args: Sequence[str]) -> list[str]:
-    """``extra_args`` as a list: one string is one argument, not its letters."""
-    return [extra_args] if isinstance(extra_args, str) else list(extra_args)
-
-
 def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = False,
          python: str | None = None, extra_args: Sequence[str] = (), hw: Hardware | None = None) -> InstallPlan:
     """Decide what to install and the exact command, without running anything."""
@@ -126,7 +122,7 @@ def plan(plugin: str | None = None, *, build: str | None = None, use_uv: bool = 
         reason += f"; from this source checkout ({folder})"
     target = python or sys.executable
     env: dict[str, str] = {}
-    extra = _arg_list(extra_args)
+    extra = list(one_or_many(extra_args, str))
     if plugin == "ggml":
         flags = (os.environ.get("CMAKE_ARGS", ""), GGML_BUILDS.get(build or ""), GGML_CPU_FLAGS)
         env["CMAKE_ARGS"] = " ".join(filter(None, flags))
@@ -206,7 +202,7 @@ def install(plugin: str | None = None, *, dry_run: bool = False, use_uv: bool = 
     ``dry_run`` only plans. ``echo`` receives pip's output as it runs (the CLI passes stderr).
     Raises ``InstallError`` with pip's own message when it fails; the environment is then as before.
     """
-    extra_args = _arg_list(extra_args)
+    extra_args = list(one_or_many(extra_args, str))
     p = plan(plugin, build=build, use_uv=use_uv, python=python, extra_args=extra_args, hw=hw)
     result = InstallResult(plan=p, dry_run=dry_run)
     if dry_run:

@@ -36,6 +36,7 @@ from typing import Any
 
 import numpy as np
 
+from ..args import one_or_many
 from ..errors import ModelError, ModelNotFoundError, SdrtError, WeightsError
 from ..weights import Weights
 from . import components, edm, families, flow, ldm
@@ -381,8 +382,7 @@ def open_single_file(path: PathLike, extra_files: Iterable[PathLike] = (), *, pr
     if family is not None and family not in FAMILY_GRAPHS:
         raise ModelError(f"unknown family {family!r}", where="family",
                          fix=f"use one of {', '.join(FAMILY_GRAPHS)}, or leave it unset (sdrt reads it from the file)")
-    if isinstance(extra_files, (str, os.PathLike)):  # one file, not the letters of its name
-        extra_files = [extra_files]
+    extra_files = one_or_many(extra_files)  # one file, not the letters of its name
     main = _open(path, "checkpoint", family)
     if family is not None and main.ident.family != family and main.ident.kind not in PART_KINDS:
         raise ModelError(f"{main.path.name} is not {LABELS[family]}: it looks like {main.ident.label}",

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..args import one_or_many
 from ..checkpoint.files import release_tokenizer
 from ..errors import InputError, ModelError, ModelNotFoundError, SdrtError
 
@@ -165,7 +166,7 @@ def folder_from_file(path: PathLike, vae: PathLike | None = None, text_encoders:
     from ..weights import Weights
 
     main = Path(path)
-    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
+    encoders = list(one_or_many(text_encoders))
     extras: list[Path] = []
     if vae is not None or encoders:  # checked against the family first, in the caller's words
         w = Weights.open(main)
@@ -212,7 +213,7 @@ class PartNotOwned(ModelError):
 def bind_part_files(pipe: Pipeline, vae: PathLike | None = None, text_encoders: Iterable[PathLike] = ()) -> list[str]:
     """Replace the weights of the folder's VAE / text encoders with those files (through ``WeightState``,
     so LoRAs and embeddings apply on top). Everything is checked before anything changes. Returns the parts."""
-    encoders = [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders)
+    encoders = list(one_or_many(text_encoders))
     planned, files = _plan_files(pipe, vae, encoders, at_load=True)
     _bind_planned(pipe, planned, {p: f.path for f in files for p in f.parts if p in planned})
     return sorted(planned)
@@ -339,7 +340,7 @@ def set_part_files(pipe: Pipeline, vae: PathLike | None = _KEEP, text_encoders: 
     wanted: dict[str, Path | None] = {}
     vae_file = None if vae is _KEEP else vae
     encoders = [] if text_encoders is _KEEP or text_encoders is None else (
-        [text_encoders] if isinstance(text_encoders, (str, os.PathLike)) else list(text_encoders))
+        list(one_or_many(text_encoders)))
     planned, files = _plan_files(pipe, vae_file, encoders)  # checks every file first
     by_file = {p: f.path for f in files for p in f.parts if p in planned}
     if vae is not _KEEP:

@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from ..args import one_or_many
 from ..child import Child, check_plugin_modules, exit_text, tail
 from ..errors import InputError, SdrtError
 from .report import assemble
@@ -115,7 +116,7 @@ def run(backends: Sequence[str] | None = None, device: str | None = None, *, qui
     from .checks import GROUPS
 
     # one name given as a string is one name, not its letters (backends="openvino": 'o', 'p', 'e', ...)
-    backends, only, plugin_modules = ([v] if isinstance(v, str) else v for v in (backends, only, plugin_modules))
+    backends, only, plugin_modules = (one_or_many(v, str) for v in (backends, only, plugin_modules))
     unknown = [g for g in only if g not in GROUPS]
     if unknown:
         raise SdrtError(f"unknown check groups {unknown}", where="sdrt selftest --only",

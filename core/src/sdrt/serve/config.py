@@ -54,6 +54,7 @@ class ServeConfig:
     def __post_init__(self) -> None:
         """Folders given as strings become paths, and one device or token given as a string is one (a string
         iterated is its letters: three workers on 'C', 'P', 'U'; every letter of a token let in)."""
+        from ..args import one_or_many
         from ..errors import InputError
 
         for name in ("models", "lora_dir", "embedding_dir", "vae_dir", "text_encoder_dir"):
@@ -62,8 +63,7 @@ class ServeConfig:
                 object.__setattr__(self, name, Path(value))
         for name, none in (("devices", (None,)), ("tokens", ()), ("cors_origins", ())):
             value = getattr(self, name)
-            object.__setattr__(self, name, none if value is None else (value,) if isinstance(value, str) else
-                               tuple(value))
+            object.__setattr__(self, name, none if value is None else tuple(one_or_many(value, str)))
         if isinstance(self.auth, str) or not all(isinstance(p, (tuple, list)) and len(p) == 2 for p in self.auth):
             raise InputError(f"auth takes (user, password) pairs, got {self.auth!r:.60}", where="ServeConfig(auth=...)",
                              fix="pass auth=[('alice', 's3cret')] (sdrt.serve.auth.parse_api_auth reads 'user:pass')")
