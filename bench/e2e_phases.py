@@ -6,7 +6,7 @@
 Wraps the phases of loading and compiling (Graph.load, with_shapes, fold_constants, the cache key, lookup
 and store, resolve_weights, the conversion and binding of weights, OpenVINO's compile_model, import_model
 and export_model, the release of mapped pages) and samples the process's RSS every 50 ms; prints each
-phase nested under its caller, with its seconds, RSS at its start and end, and the highest RSS sampled
+phase nested under its caller (a phase on another thread than the main one names it), with its seconds, RSS at its start and end, and the highest RSS sampled
 inside it, then ``VmHWM``. The same prompt, negative prompt, CFG 7 and 4 Euler steps as ``bench.e2e``.
 """
 
@@ -23,8 +23,8 @@ from typing import Any
 
 T0 = time.perf_counter()
 samples: list[tuple[float, int]] = []
-events: list[tuple[str, int, float, float]] = []
-_depth = [0]
+events: list[tuple[str, int, float, float, str]] = []
+_depth = threading.local()  # per thread: a part compiled ahead nests under its own thread (sdrt.pipelines.ahead)
 
 
 def _rss() -> int:
@@ -43,14 +43,14 @@ def wrap(owner: Any, attr: str, label: str) -> None:
 
     @functools.wraps(fn)
     def timed(*a: Any, **k: Any) -> Any:
-        depth = _depth[0]
-        _depth[0] += 1
+        depth = getattr(_depth, "n", 0)
+        _depth.n = depth + 1
         t0 = time.perf_counter()
         try:
             return fn(*a, **k)
         finally:
-            _depth[0] -= 1
-            events.append((label, depth, t0, time.perf_counter()))
+            _depth.n = depth
+            events.append((label, depth, t0, time.perf_counter(), threading.current_thread().name))
 
     setattr(owner, attr, timed)
 
@@ -101,12 +101,12 @@ def main() -> None:
 
     t = time.perf_counter()
     pipe = pipelines.load(args.model / "onnx", backend="openvino", **json.loads(os.environ.get("SDRT_E2E_OPTIONS", "{}")))
-    events.append(("pipelines.load", 0, t, time.perf_counter()))
+    events.append(("pipelines.load", 0, t, time.perf_counter(), "MainThread"))
     for name in ("first image", "warm image"):
         t = time.perf_counter()
         out = pipe.generate(PROMPT, NEGATIVE, steps=args.steps, cfg=CFG, sampler="Euler", seed=SEED,
                             width=args.size, height=args.size)
-        events.append((name, 0, t, time.perf_counter()))
+        events.append((name, 0, t, time.perf_counter(), "MainThread"))
         if args.save and name == "first image":
             import numpy as np
 
@@ -115,17 +115,18 @@ def main() -> None:
 
     t = time.perf_counter()
     wait_for_stores()  # the entries held until the first job ended (sdrt.cache.deferred)
-    events.append(("cache stores after the jobs", 0, t, time.perf_counter()))
+    events.append(("cache stores after the jobs", 0, t, time.perf_counter(), "MainThread"))
     gib = 2.0 ** 30
 
     def at(t: float) -> int:
         before = [r for ts, r in samples if ts <= t]
         return before[-1] if before else 0
 
-    for label, depth, t0, t1 in sorted(events, key=lambda e: (e[2], e[1])):
+    for label, depth, t0, t1, thread in sorted(events, key=lambda e: (e[2], e[1])):
         inside = [r for ts, r in samples if t0 <= ts <= t1]
         peak = max(inside) if inside else max(at(t0), at(t1))
-        print(f"{t0 - T0:7.1f} {'  ' * depth}{label:34s} {t1 - t0:7.2f} s  RSS {at(t0) / gib:5.2f} -> "
+        mark = "" if thread == "MainThread" else f" [{thread}]"
+        print(f"{t0 - T0:7.1f} {'  ' * depth}{label + mark:34s} {t1 - t0:7.2f} s  RSS {at(t0) / gib:5.2f} -> "
               f"{at(t1) / gib:5.2f}, peak {peak / gib:5.2f} GiB")
     with open("/proc/self/status") as f:
         print(next(line.strip() for line in f if line.startswith("VmHWM")))

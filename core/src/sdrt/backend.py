@@ -298,6 +298,10 @@ class Backend(ABC):
     #: weights and binds the merged ones, so that a LoRA's image never depends on what ran before
     #: (``Part.compile_factory``; tests/pipelines/test_lora_history.py holds each backend to its answer)
     rebinds_as_compiled: ClassVar[bool] = False
+    #: True when ``compile`` may run on a second thread while the first compiles or runs another graph, and spends
+    #: most of its time in the vendor's compiler with the interpreter released: a pipeline then compiles the parts a
+    #: job uses later (the UNet, the VAE) beside the first one's compile and run (``sdrt.pipelines.ahead``)
+    compiles_beside: ClassVar[bool] = False
     #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
     #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
     stores_in_background: ClassVar[bool] = False

@@ -40,6 +40,24 @@ def submit(job: Callable[[], object], what: str) -> bool:
     return True
 
 
+def current() -> list[tuple[Callable[[], object], str]] | None:
+    """This thread's open ``hold()``'s stores (None outside one), for ``within`` on a thread that works for it."""
+    return getattr(_local, "jobs", None)
+
+
+@contextlib.contextmanager
+def within(jobs: list[tuple[Callable[[], object], str]] | None) -> Iterator[None]:
+    """Stores submitted on this thread join another thread's ``hold()`` (``jobs``: its ``current()``; None: none is
+    open there, so nothing is deferred): a part compiled ahead for a job stores its entry with the job's. The other
+    thread waits for this one before its ``hold()`` ends."""
+    before = getattr(_local, "jobs", None)
+    _local.jobs = jobs
+    try:
+        yield
+    finally:
+        _local.jobs = before
+
+
 @contextlib.contextmanager
 def hold() -> Iterator[None]:
     """Stores submitted inside run in a background thread once the outermost ``hold()`` ends, and only while no

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import threading
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -39,7 +40,10 @@ class Part:
         self.device = device
         self.options = dict(options or {})
         self.sessions: dict[ShapeKey, Session] = {}
-        self.weights: Weights | None = None
+        #: a compile of this part started ahead on another thread (``sdrt.pipelines.ahead``): ``session`` and every
+        #: change of the part wait for it first
+        self._ahead: Any = None
+        self._weights: Weights | None = None
         #: the weights the part runs with when nothing else is bound: a single file's, bound onto a
         #: weight-free graph (``ModelFolder.weights``); None: the graph's own initializers
         self.default_weights: Weights | None = None
@@ -94,6 +98,24 @@ class Part:
         return f"Part({self.name!r}, {str(self.path)!r}, {len(self.sessions)} session(s))"
 
     @property
+    def weights(self) -> Weights | None:
+        """The weights the part runs with (None: the graph's own, or ``default_weights``)."""
+        return self._weights
+
+    @weights.setter
+    def weights(self, value: Weights | None) -> None:
+        self.settle()
+        self._weights = value
+
+    def settle(self) -> None:
+        """Wait for a compile started ahead (``sdrt.pipelines.ahead``), if any; a no-op on its own thread."""
+        pending = self._ahead
+        if pending is not None and pending.thread is not threading.current_thread():
+            pending.wait()
+            if self._ahead is pending:
+                self._ahead = None
+
+    @property
     def graph(self) -> Graph:
         if self._graph is None:
             from ..graph import Graph
@@ -117,7 +139,7 @@ class Part:
         if edit is None and self.graph_edit is None or edit is not None and key == self.graph_edit_key:
             self.hidden_outputs = hidden if edit is not None else None
             return
-        self.close()
+        self.close()  # waits for a compile started ahead
         self._graph = None
         self.graph_edit, self.graph_edit_key = edit, (key if edit is not None else None)
         self.hidden_outputs = hidden if edit is not None else None
@@ -147,6 +169,7 @@ class Part:
 
         ``outputs``: compute only these (a text encoder's one hidden state, say); all when empty.
         """
+        self.settle()
         dims = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
         key: ShapeKey = (dims, tuple(outputs))
         sess = self.sessions.get(key)
@@ -269,6 +292,7 @@ class Part:
         ``weights`` may name only some initializers (a LoRA-merged block, say): the others keep their
         current values (the graph's own, or an earlier update's).
         """
+        self.settle()
         base = self.weights if self.weights is not None else self.own_weights()
         merged = base.overlaid(weights)  # read on use: a checkpoint's tensors stay in its file
         for sess in self.sessions.values():
@@ -282,6 +306,7 @@ class Part:
         return self.default_weights if self.default_weights is not None else Weights.from_graph(self.graph)
 
     def close(self) -> None:
+        self.settle()
         for sess in self.sessions.values():
             sess.close()
         self.sessions.clear()
@@ -291,6 +316,7 @@ class Part:
         inputs, and back): sessions close, the graph reloads; bound weights stay (same initializer names)."""
         if path == self.path:
             return
+        self.settle()
         if self._weights_graph is None:
             self._weights_graph = self.path  # the bound weights carry this graph's own constants
         elif path == self._weights_graph:

@@ -1073,7 +1073,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
                 apply_refiner_plan(self, self._refiner_job, calls)
             self._release_preprocessors()  # the maps are made: a detector the plan releases goes before the UNet
-        with self._stores_after_job():
+        from .ahead import for_job
+
+        # the later parts compile ahead beside the first part's compile and run, inside the job's store hold
+        with self._stores_after_job(), for_job(self, calls, getattr(self, "_job_outputs", {})):
             return self._generate_planned(s, init, mask, callback, original)
 
     #: how many times the model's own pixel count a picture given with no size may run at (A1111's UI stops at
@@ -1446,13 +1449,14 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                                                          if "seed" not in k)))
         cached = getattr(self, "_calls_key", None)
         if cached is not None and cached[0] == key:
-            self._job_extras, self._job_beside = cached[2], cached[3]
+            self._job_extras, self._job_beside, self._job_outputs = cached[2], cached[3], cached[4]
             return cached[1]
         rp = dry_run(self, prompt, negative_prompt, dict(kwargs))
         calls = calls_of(rp)
         self._job_extras = rp._extras  # the job's ControlNets, image encoder, model upscaler (the memory plan's)
         self._job_beside = rp._beside  # which of them run beside which part (plan.held_beside)
-        self._calls_key = (key, calls, self._job_extras, self._job_beside)
+        self._job_outputs = {p.part: p.outputs for p in rp.parts}  # parts run cut to some outputs (ahead.py)
+        self._calls_key = (key, calls, self._job_extras, self._job_beside, self._job_outputs)
         return calls
 
     # ------------------------------------------------------------------ low memory (sdrt.pipelines.lowmem)
