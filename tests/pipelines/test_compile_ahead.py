@@ -1,5 +1,5 @@
-"""A job's later parts compile ahead on one background thread (sdrt.pipelines.ahead), on real OpenVINO: the same
-sessions and the same image as compiling each part on first use, nothing compiled twice, and never where it could
+"""A job's later parts compile ahead on one background thread (sdrt.pipelines.ahead), on real OpenVINO and ggml: the
+same sessions and the same image as compiling each part on first use, nothing compiled twice, and never where it could
 change what the job holds (a tight budget, low-memory mode, a backend that does not compile this way)."""
 
 from __future__ import annotations
@@ -31,16 +31,28 @@ def backend():
     return OpenVINOBackend
 
 
+@pytest.fixture(scope="module", params=["openvino", "ggml"])
+def each(request):
+    """(name, backend class) of each backend that compiles beside another compile or run."""
+    register(request.param)
+    from sdrt.runtime import select
+
+    be, _ = select(request.param)
+    assert type(be).compiles_beside
+    return request.param, type(be)
+
+
 def _threads(caplog) -> dict[str, str]:
     """``{part: thread}`` of each ``compiling <part> for ...`` line."""
     return {r.getMessage().split()[1]: r.threadName for r in caplog.records
             if r.name == "sdrt.pipelines.parts" and r.getMessage().startswith("compiling ")}
 
 
-def test_the_later_parts_compile_ahead_once_and_the_image_is_the_same(backend, tmp_path, monkeypatch, caplog):
+def test_the_later_parts_compile_ahead_once_and_the_image_is_the_same(each, tmp_path, monkeypatch, caplog):
+    name, backend = each
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path))
     caplog.set_level(logging.INFO)
-    with pipelines.load(DATA / "tiny-sd15", backend="openvino") as pipe:
+    with pipelines.load(DATA / "tiny-sd15", backend=name) as pipe:
         got = pipe.generate("a cat", **KW)
         assert {n: len(p.sessions) for n, p in pipe._parts.items()} == \
             {"text_encoder": 1, "unet": 1, "vae_decoder": 1, "vae_encoder": 0}
@@ -56,7 +68,7 @@ def test_the_later_parts_compile_ahead_once_and_the_image_is_the_same(backend, t
     caplog.clear()
     monkeypatch.setattr(backend, "compiles_beside", False)
     monkeypatch.setenv("SDRT_CACHE_DIR", str(tmp_path / "other"))
-    with pipelines.load(DATA / "tiny-sd15", backend="openvino") as pipe:
+    with pipelines.load(DATA / "tiny-sd15", backend=name) as pipe:
         alone = pipe.generate("a cat", **KW)
     assert set(_threads(caplog).values()) == {"MainThread"}
     assert np.array_equal(got.images[0], alone.images[0]) and np.array_equal(got.images[0], again.images[0])

@@ -24,6 +24,7 @@ import importlib.machinery
 import logging
 import os
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -488,14 +489,17 @@ def _layout_threads() -> int:
 #: (the process's id, its layout threads): a child forked after a layout has none of its parent's threads, so each
 #: process makes its own rather than rely on a copied executor's bookkeeping
 _LAYOUT_POOL: list[tuple[int, Any]] = []
+_LAYOUT_LOCK = threading.Lock()  # two lowerings at once (a pipeline's parts compiled ahead) make one pool
 
 
 def _layout_pool() -> Any:
     from concurrent.futures import ThreadPoolExecutor
 
-    if not _LAYOUT_POOL or _LAYOUT_POOL[0][0] != os.getpid():
-        _LAYOUT_POOL[:] = [(os.getpid(), ThreadPoolExecutor(_layout_threads(), thread_name_prefix="sdrt-ggml-layout"))]
-    return _LAYOUT_POOL[0][1]
+    with _LAYOUT_LOCK:
+        if not _LAYOUT_POOL or _LAYOUT_POOL[0][0] != os.getpid():
+            _LAYOUT_POOL[:] = [(os.getpid(), ThreadPoolExecutor(_layout_threads(),
+                                                                 thread_name_prefix="sdrt-ggml-layout"))]
+        return _LAYOUT_POOL[0][1]
 
 
 def _lib() -> ctypes.CDLL:

@@ -33,13 +33,15 @@ class Pending:
     """One part's compile started ahead: ``wait`` returns once it is done (or dropped)."""
 
     def __init__(self, ahead: Ahead) -> None:
-        self.ahead = ahead
+        self.ahead: Ahead | None = ahead
         #: the thread compiling it (the background one, or the one that took it over: ``Ahead.help``)
         self.thread = ahead.thread
         self.done = threading.Event()
 
     def wait(self) -> None:
-        self.ahead.help(self)
+        ahead = self.ahead
+        if ahead is not None:
+            ahead.help(self)
         self.done.wait()
 
 
@@ -100,8 +102,10 @@ class Ahead:
             self.thread.join()
         for part, _, pending in self.work:
             pending.done.set()  # dropped: nothing to wait for
+            pending.ahead = None  # no cycle left to hold the parts (a pipeline dropped without close() is freed)
             if part._ahead is pending:
                 part._ahead = None
+        self.work, self._queue = [], []
 
 
 def plan_ahead(pipe: Any, calls: Mapping[str, list[Shapes]] | None, outputs: Mapping[str, tuple[str, ...]]
