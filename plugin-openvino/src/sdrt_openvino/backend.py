@@ -248,8 +248,8 @@ class OpenVINOBackend(Backend):
     contrib_ops: ClassVar[frozenset[str]] = frozenset()
     caches = True
     stores_in_background = True  # _open needs no entry: a large blob is checksummed and synced in a thread
-    #: compile_model releases the GIL and spends most of a compile on one core (the full-size SD 1.5 UNet: 3.8 s of
-    #: CPU in 4.5 s), and this backend keeps its per-compile state per thread (_local)
+    #: compile_model releases the GIL and leaves part of a 2-core machine idle (the full-size SD 1.5 UNet, quiet: 3.7-3.9
+    #: s of CPU in 2.4-2.5 s), and this backend keeps its per-compile state per thread (_local)
     compiles_beside = True
 
     def __init__(self) -> None:

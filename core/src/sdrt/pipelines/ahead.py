@@ -1,8 +1,8 @@
 """A job's later parts compiled ahead, on one background thread, beside the first part's compile and run.
 
 A pipeline compiles each part when a job first uses it: the text encoder, then the UNet, then the VAE, one after the
-other. OpenVINO's compile of the full-size SD 1.5 UNet takes 4.5 s, of which 3.8 s is one core's CPU time with the
-interpreter released; on a 2-core machine the other core idles through it. The job's dry run (``Pipeline.plan``)
+other. OpenVINO's compile of the full-size SD 1.5 UNet takes 2.4-2.5 s with the interpreter released, using 1.5 of
+a 2-core machine's cores on average (3.7-3.9 s of CPU), and the text encoder's and the VAE's compiles less. The job's dry run (``Pipeline.plan``)
 already knows every part it will call and at which shapes, in order of first use, so as the job starts the parts
 after the first are compiled in that order on one thread while this one compiles and runs the first
 (``for_job``). A part's ``session`` (and every change to the part) waits for its own compile started ahead,
