@@ -9,9 +9,11 @@ to IR once, OpenVINO GenAI), ``diffusers/`` (torch) and ``sd15-full.safetensors`
 stable-diffusion.cpp). Every contender generates the same prompt with a negative prompt, CFG 7, 4 Euler steps,
 seed 1, in a fresh process; the contenders alternate over the rounds (each round runs all of them, in rotated
 order). The first round of an sdrt contender starts from an empty compile cache, later rounds from the cache
-the first one filled. Printed per contender: load, first image, warm image (the fastest of the ``--warm`` images
-made after the first, 2 by default), time per step (median of that image's steps), peak RSS (``VmHWM``), and each
-one's ratio to the best; for sdrt, peak RSS per stage (load, compile, encode, denoise, decode: the high-water mark
+the first one filled (``--cold``: every round from an empty one). Printed per contender: load, first image, warm
+image (the fastest of the ``--warm`` images made after the first, 2 by default), time per step (median of that
+image's steps), peak RSS (``VmHWM``), the time to the first image from an empty cache (``cold_first_s``: load +
+first image, the fastest such round; a peer without a compile cache starts every round so), and each one's ratio
+to the best; for sdrt, peak RSS per stage (load, compile, encode, denoise, decode: the high-water mark
 reset at each stage's start; ``store``: the compile-cache entries written after the first job, waited for
 after the warm images, whose time ``store_s`` is no image's).
 
@@ -416,6 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--warm", type=int, default=WARM, help="warm images per process; the fastest counts (default 2)")
     ap.add_argument("--unet-rss", action="store_true")
     ap.add_argument("--ignore-memory", action="store_true", help="run contenders even when free memory looks short")
+    ap.add_argument("--cold", action="store_true", help="start sdrt from an empty compile cache in every round")
     ap.add_argument("--json", type=Path, default=Path("bench-e2e.json"))
     ap.add_argument("--one", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -449,6 +452,11 @@ def main(argv: list[str] | None = None) -> int:
                     continue
             cmd = [py, "-m", "bench.e2e", "--one", name, "--model", str(args.model), "--size", str(args.size),
                    "--steps", str(args.steps), "--warm", str(args.warm)] + (["--unet-rss"] if args.unet_rss else [])
+            if args.cold:
+                import shutil
+
+                shutil.rmtree(cache / name, ignore_errors=True)
+            cold = not (cache / name).exists()  # nothing compiled yet (a peer without a cache: every round)
             env = dict(os.environ, SDRT_CACHE_DIR=str(cache / name), SDRT_LOAD_ENTRY_POINTS="1",
                        PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
             env.pop("SDRT_PRECISION", None)
@@ -456,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
             proc = subprocess.run(cmd, env=env, capture_output=True, text=True, cwd=ROOT)
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             out = json.loads(line[7:]) if line else {"error": (proc.stderr or proc.stdout).strip()[-400:]}
-            out["round"], out["wall_s"] = r, time.perf_counter() - t0
+            out["round"], out["wall_s"], out["cold"] = r, time.perf_counter() - t0, cold or not name.startswith("sdrt")
             results[name].append(out)
             print(f"round {r} {name}: " + (", ".join(f"{k} {v:.1f}" for k, v in out.items()
                                                      if isinstance(v, float)) if "error" not in out
@@ -482,11 +490,12 @@ def table(results: dict[str, list[dict[str, Any]]], unet: bool) -> None:
             print(f"{name:22s} {str(reason)[:150]}")
             continue
         summary[name] = {c: min(r[c] for r in ok if c in r) for c in cols}
-        if not unet:
-            summary[name]["first_cold_s"] = ok[0]["first_s"]
+        cold = [r["load_s"] + r["first_s"] for r in ok if r.get("cold", r is ok[0]) and "first_s" in r]
+        if not unet and cold:
+            summary[name]["cold_first_s"] = min(cold)
         for c, v in summary[name].items():
             best[c] = min(best.get(c, float("inf")), v)
-    head = f"{'contender':22s}" + "".join(f"{c:>18s}" for c in (cols + ([] if unet else ["first_cold_s"])))
+    head = f"{'contender':22s}" + "".join(f"{c:>18s}" for c in (cols + ([] if unet else ["cold_first_s"])))
     print(head)
     for name, row in summary.items():
         cells = []
