@@ -115,14 +115,7 @@ def plan_ahead(pipe: Any, calls: Mapping[str, list[Shapes]] | None, outputs: Map
     from ..errors import SdrtError
     from ..runtime import select
 
-    plan = getattr(pipe, "_memory_plan", None)
-    if not calls or pipe._dry or pipe.is_low_memory or plan is None:
-        return []
-    if any(p.placement != "resident" for p in plan.parts):
-        return []
-    # two compiles at once: room beside the plan's peak for the largest part's weights again (a compile's transient)
-    largest = max((p.weight_bytes for p in plan.parts), default=0)
-    if plan.budget_bytes is not None and plan.peak_bytes + largest > plan.budget_bytes:
+    if not calls or not pipe._resident_with_room():  # two compiles' transients at once: the same room
         return []
     work: list[tuple[Any, Shapes]] = []
     for name in list(calls)[1:]:
@@ -136,8 +129,7 @@ def plan_ahead(pipe: Any, calls: Mapping[str, list[Shapes]] | None, outputs: Map
         if not getattr(be, "compiles_beside", False):
             continue
         shapes = calls[name][0]  # its first call's (a hires fix's second size compiles when used)
-        key = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
-        if (key, ()) not in part.sessions and all(part is not q for q, _ in work):
+        if part.shape_key(shapes) not in part.sessions and all(part is not q for q, _ in work):
             work.append((part, dict(shapes)))
     return work
 

@@ -606,6 +606,19 @@ class MemoryMixin:
             self._memory_plan = plan
         return plan
 
+    def _resident_with_room(self) -> bool:
+        """Whether this job's memory plan keeps every part resident with room in the budget beside its peak for the
+        largest part's weights again, outside low-memory mode and a dry run: what holding something of that size
+        until the job's end (a compile-cache store) or making it beside the job's own (a second compile at once,
+        ``sdrt.pipelines.ahead``) needs."""
+        plan = getattr(self, "_memory_plan", None)
+        if getattr(self, "_dry", False) or self.is_low_memory or plan is None:  # type: ignore[attr-defined]
+            return False
+        if any(p.placement != "resident" for p in plan.parts):
+            return False
+        largest = max((p.weight_bytes for p in plan.parts), default=0)
+        return plan.budget_bytes is None or plan.peak_bytes + largest <= plan.budget_bytes
+
     def _activations(self, calls: Mapping[str, list[dict[str, tuple[int, ...]]]], be: Any, dev: Any,
                      parts: Mapping[str, Part] | None = None) -> tuple[dict[str, int], dict[str, Any]]:
         """Each part's most activation bytes at once over its calls (``streaming.activation_peaks`` on its graph

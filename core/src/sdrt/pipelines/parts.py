@@ -164,14 +164,19 @@ class Part:
             raise ModelError(f"the {self.name} graph has no output {name!r}", where=str(self.path),
                              fix=f"export it with the diffusers/Optimum output names (it has: {', '.join(self.outputs)})")
 
+    @staticmethod
+    def shape_key(shapes: Mapping[str, tuple[int, ...]], outputs: tuple[str, ...] = ()) -> ShapeKey:
+        """The key of the session for these input shapes and outputs in ``sessions``."""
+        return tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items())), tuple(outputs)
+
     def session(self, shapes: Mapping[str, tuple[int, ...]], outputs: tuple[str, ...] = ()) -> Session:
         """The compiled session for these input shapes (compiled now if new).
 
         ``outputs``: compute only these (a text encoder's one hidden state, say); all when empty.
         """
         self.settle()
-        dims = tuple(sorted((k, tuple(int(d) for d in v)) for k, v in shapes.items()))
-        key: ShapeKey = (dims, tuple(outputs))
+        key = self.shape_key(shapes, outputs)
+        dims = key[0]
         sess = self.sessions.get(key)
         if sess is None:
             from ..runtime import load

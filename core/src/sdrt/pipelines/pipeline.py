@@ -1127,11 +1127,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         whole entry in memory while it writes (about the part's weight bytes at most)."""
         import contextlib
 
-        plan = getattr(self, "_memory_plan", None)
-        if self._dry or self.is_low_memory or plan is None or any(p.placement != "resident" for p in plan.parts):
-            return contextlib.nullcontext()
-        largest = max((p.weight_bytes for p in plan.parts), default=0)
-        if plan.budget_bytes is not None and plan.peak_bytes + largest > plan.budget_bytes:
+        if not self._resident_with_room():
             return contextlib.nullcontext()
         from ..cache import deferred
 
