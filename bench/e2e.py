@@ -17,6 +17,11 @@ to the best; for sdrt, peak RSS per stage (load, compile, encode, denoise, decod
 reset at each stage's start; ``store``: the compile-cache entries written after the first job, waited for
 after the warm images, whose time ``store_s`` is no image's).
 
+Before the rounds, sdrt's modules and the bench's are byte-compiled (``compileall``) as ``pip install`` compiles an
+installed package's: an editable install under ``PYTHONDONTWRITEBYTECODE`` (a development checkout) would
+otherwise compile sdrt's source again in every process (0.3-0.5 s of each load + first image), where each peer's
+installed modules load from their bytecode.
+
 A contender whose package is missing is left out with the reason: ``genai`` and ``sdcpp`` run in the Python
 named by ``--peer-python`` (a venv with ``openvino-genai``, ``openvino-tokenizers``, ``transformers`` and
 ``stable-diffusion-cpp-python``), ``diffusers`` in ``--torch-python`` (torch + diffusers).
@@ -384,6 +389,22 @@ def _python_for(name: str, args: argparse.Namespace) -> str | None:
     return sys.executable
 
 
+def byte_compile(pythons: set[str]) -> None:
+    """Write the bytecode of sdrt's packages (wherever each Python imports them from) and the bench's own, as
+    ``pip install`` does for an installed package (see the module doc)."""
+    code = ("import compileall, importlib.util, pathlib, sys\n"
+            "roots = [sys.argv[1]]\n"
+            "for name in ('sdrt', 'sdrt_openvino', 'sdrt_ggml'):\n"
+            "    spec = importlib.util.find_spec(name)\n"
+            "    if spec is not None and spec.submodule_search_locations:\n"
+            "        roots += list(spec.submodule_search_locations)\n"
+            "for root in roots:\n"
+            "    compileall.compile_dir(root, quiet=1)\n")
+    for py in sorted(pythons):
+        subprocess.run([py, "-c", code, str(ROOT / "bench")], cwd=ROOT, check=False,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])))
+
+
 def default_contenders(unet: bool) -> list[str]:
     from sdrt.plugins import get_registry
 
@@ -435,6 +456,7 @@ def main(argv: list[str] | None = None) -> int:
         print("converting the ONNX parts to OpenVINO IR for GenAI (once, not timed)", flush=True)
         subprocess.run([peer, "-m", "bench.e2e", "--one", "genai-prepare", "--model", str(args.model)], cwd=ROOT,
                        env=dict(os.environ, PYTHONPATH=str(ROOT)), check=False)
+    byte_compile({py for n in names if (py := _python_for(n.partition("@")[0], args)) is not None})
     for r in range(args.rounds):
         order = names[r % len(names):] + names[:r % len(names)]
         for name in order:
