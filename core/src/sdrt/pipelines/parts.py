@@ -81,13 +81,19 @@ class Part:
         self.hidden_outputs: Callable[[str], bool] | None = None
         #: the graph the bound weights were made for, once ``retarget`` moved the part to another (None: not moved)
         self._weights_graph: Path | None = None
+        #: a job's dry twin: the real part whose graph it takes (loading it there) instead of loading its own
+        self._share: Part | None = None
         #: a dry run (``Pipeline.plan``): ``run`` records its calls here and returns zeros, compiling nothing
         self.record: list[tuple[dict[str, tuple[tuple[int, ...], str]], tuple[str, ...]]] | None = None
 
-    def dry(self) -> Part:
-        """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros."""
+    def dry(self, share: bool = False) -> Part:
+        """A recording twin: same graph and paths, no sessions; its ``run`` only records and returns zeros.
+        ``share``: the dry run of a job that loads the same graphs next, so a graph the twin needs is loaded by
+        this part (as it loads it to run) and the twin takes it: one load, not two. Otherwise the twin loads its
+        own with the external data mapped (a plan reads no weights in)."""
         twin = Part(self.name, self.path, backend=self.backend, device=self.device, options=self.options)
         twin._graph, twin.lazy_external, twin.record = self._graph, True, []
+        twin._share = self if share and self._graph is None else None
         twin._loaded_graph = self._loaded_graph
         twin.graph_edit, twin.graph_edit_key = self.graph_edit, self.graph_edit_key
         twin.hidden_outputs = self.hidden_outputs
@@ -117,6 +123,9 @@ class Part:
 
     @property
     def graph(self) -> Graph:
+        src = self._share
+        if self._graph is None and src is not None and src.path == self.path and src.graph_edit is self.graph_edit:
+            self._graph, self._loaded_graph = src.graph, src._loaded_graph  # the real part's (``dry(share=True)``)
         if self._graph is None:
             from ..graph import Graph
 

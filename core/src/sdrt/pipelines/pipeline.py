@@ -1447,7 +1447,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         if cached is not None and cached[0] == key:
             self._job_extras, self._job_beside, self._job_outputs = cached[2], cached[3], cached[4]
             return cached[1]
-        rp = dry_run(self, prompt, negative_prompt, dict(kwargs))
+        rp = dry_run(self, prompt, negative_prompt, dict(kwargs), share=True)  # the job loads the same graphs next
         calls = calls_of(rp)
         self._job_extras = rp._extras  # the job's ControlNets, image encoder, model upscaler (the memory plan's)
         self._job_beside = rp._beside  # which of them run beside which part (plan.held_beside)

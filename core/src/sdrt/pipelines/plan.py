@@ -116,12 +116,14 @@ class RunPlan:
         return "\n".join(lines)
 
 
-def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any]) -> RunPlan:
-    """Run ``pipe.generate`` on recording twins of its parts and collect the calls (see the module doc)."""
+def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: dict[str, Any], *,
+            share: bool = False) -> RunPlan:
+    """Run ``pipe.generate`` on recording twins of its parts and collect the calls (see the module doc). ``share``:
+    the job about to run loads the graphs the twins read (``Part.dry``)."""
     from .names import sampler_labels
 
     dry = copy.copy(pipe)
-    dry._parts = {name: part.dry() for name, part in pipe._parts.items()}
+    dry._parts = {name: part.dry(share) for name, part in pipe._parts.items()}
     dry._prompts = None
     dry._weight_state = None
     dry._memory_plan, dry._stage_peaks = None, None  # the budget's plan is the real pipeline's (Pipeline.plan)
