@@ -144,7 +144,9 @@ class Graph:
             del data
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
-        refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped))
+        files: dict[str, Any] = {}  # each external-data file resolved and stat'ed once
+        refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped,
+                                          files=files))
                 for t in model.graph.initializer if onnxfile.uses_external(t)]
         eager = load_external
         if eager is None:
