@@ -245,3 +245,63 @@ def test_folding_log_of_zero_is_quiet():
         warnings.simplefilter("error")
         folded = graph.fold_constants(fold_weights=True)
     assert [n.op_type for n in folded.model.graph.node] == ["Add"]
+
+
+_I64 = np.array([[3, -1, 7], [0, 2, 5]], np.int64)
+
+
+@pytest.mark.parametrize("op,inputs,attrs,opset", [
+    ("Unsqueeze", [np.array(5, np.int64), np.array([0], np.int64)], {}, 17),
+    ("Unsqueeze", [_I64, np.array([-1, 0], np.int64)], {}, 17),
+    ("Unsqueeze", [_I64, np.array([1, 3], np.int64)], {}, 13),
+    ("Unsqueeze", [np.array([4, 8], np.int64)], {"axes": [0, -1]}, 11),
+    ("Concat", [np.array([1], np.int64), np.array([2, 3], np.int64), np.array([4], np.int64)], {"axis": 0}, 17),
+    ("Concat", [_I64, _I64[:1]], {"axis": -2}, 17),
+    ("Gather", [np.array([2, 77, 768], np.int64), np.array(1, np.int64)], {}, 17),
+    ("Gather", [np.array([2, 77, 768], np.int64), np.array([-1, 0], np.int64)], {"axis": 0}, 17),
+    ("Gather", [_I64, np.array([[2], [-3]], np.int64)], {"axis": 1}, 17),
+    ("Gather", [np.array([1.5, 2.5], np.float32), np.array([1], np.int32)], {}, 17),
+    ("Cast", [np.array([3, -2], np.int64)], {"to": 1}, 17),
+    ("Cast", [np.array([3, 0], np.int64)], {"to": 9}, 17),
+    ("Cast", [np.array([True, False])], {"to": 7}, 17),
+    ("Cast", [np.array([70000, 2], np.int64)], {"to": 10}, 17),
+    ("Cast", [np.array(12, np.int32)], {"to": 7}, 17),
+])
+def test_shape_arithmetic_folds_to_what_onnx_reference_evaluator_gives(op, inputs, attrs, opset):
+    """Unsqueeze, Concat, Gather and Cast fold with numpy alone (fold._shape_op): the same values, dtypes and shapes
+    as onnx's ReferenceEvaluator gives for the node."""
+    from onnx import helper
+    from onnx.reference import ReferenceEvaluator
+
+    from sdrt.graph.fold import _evaluate, _shape_op
+
+    names = [f"i{k}" for k in range(len(inputs))]
+    node = helper.make_node(op, names, ["out"], **attrs)
+    feeds = dict(zip(names, inputs))
+    with np.errstate(over="ignore"):
+        assert _shape_op(node, feeds, opset) is not None  # the numpy path, not the evaluator, made it
+    got = _evaluate(node, feeds, [helper.make_opsetid("", opset)], 8)["out"]
+    ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()]
+    model = helper.make_model(helper.make_graph([node], "g", ins, [helper.make_empty_tensor_value_info("out")]),
+                              opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
+    with np.errstate(over="ignore"):  # 70000 as float16: inf
+        (want,) = ReferenceEvaluator(model).run(None, feeds)
+    want = np.asarray(want)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("op,inputs,attrs", [
+    ("Gather", [np.array([2, 3], np.int64), np.array([2], np.int64)], {}),  # out of range: the evaluator says so
+    ("Cast", [np.array([1.7], np.float32)], {"to": 7}),  # from a float: left to the evaluator
+    ("Cast", [np.array([300], np.int64)], {"to": 2}),  # does not fit uint8
+    ("Concat", [np.array([1], np.int64), np.array([1], np.int32)], {"axis": 0}),  # mixed dtypes
+    ("Unsqueeze", [_I64, np.array([0, 0], np.int64)], {}),  # an axis twice
+])
+def test_shape_arithmetic_leaves_the_rest_to_the_evaluator(op, inputs, attrs):
+    from onnx import helper
+
+    from sdrt.graph.fold import _shape_op
+
+    node = helper.make_node(op, [f"i{k}" for k in range(len(inputs))], ["out"], **attrs)
+    assert _shape_op(node, {f"i{k}": a for k, a in enumerate(inputs)}, 17) is None

@@ -115,9 +115,10 @@ def pin_shapes(graph: Graph, spec: Mapping[str, Sequence[int] | int]) -> tuple[o
     if known is not None:  # the same structure pinned the same way before (the plan, the dry run, the compile)
         _restore(model, known)
         return model, key
-    apply_inferred(model, infer(model, f"Graph.with_shapes on {graph.name}"))
+    inferred = infer(model, f"Graph.with_shapes on {graph.name}")
+    apply_inferred(model, inferred)
     if not _all_static(model):
-        _complete_with_folding(graph, model)
+        _complete_with_folding(graph, model, inferred)
     for out, names in zip(model.graph.output, labels):
         tt = out.type.tensor_type
         if tt.HasField("shape") and len(tt.shape.dim) == len(names):
@@ -185,14 +186,15 @@ def _static(vi: Any) -> bool:
     return tt.HasField("shape") and all(d.HasField("dim_value") for d in tt.shape.dim)
 
 
-def _complete_with_folding(graph: Graph, model: onnx.ModelProto) -> None:
+def _complete_with_folding(graph: Graph, model: onnx.ModelProto, inferred: onnx.ModelProto | None = None) -> None:
     """ONNX data propagation stops at some shape arithmetic (torch's ``c // heads`` is a Div).
     Fold a copy, where that arithmetic becomes constants, infer again, and copy the now static
-    shapes back to the values of ``model`` (in place). ``model`` itself is not folded."""
+    shapes back to the values of ``model`` (in place). ``model`` itself is not folded. ``inferred``: ``model``'s
+    inference, which folding's first pass reads."""
     from onnx import helper
 
     try:
-        folded = fold_constants(graph.derive(model), max_bytes=1 << 20)
+        folded = fold_constants(graph.derive(model), max_bytes=1 << 20, inferred=inferred)
     except ModelError:
         return
     known = {v.name: v for v in list(folded.graph.value_info) + list(folded.graph.output) if _static(v)}
