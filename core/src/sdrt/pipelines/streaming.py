@@ -98,6 +98,7 @@ class _Analysis:
     producer: dict[str, int]
     last_use: dict[str, int]
     node_inits: list[list[str]]  # the initializers each node reads, directly or through an alias
+    vinfo: dict[str, Any]  # every value's TensorInfo (Graph.value_infos), read once
 
 
 def analyse(graph: Graph) -> _Analysis:
@@ -165,7 +166,7 @@ def analyse(graph: Graph) -> _Analysis:
         live_count.append(c)
         live_bytes.append(b)
     return _Analysis(nodes, inits, constants, reads, node_weight, live_count, live_bytes, producer, last_use,
-                     node_inits)
+                     node_inits, vinfo)
 
 
 def _attention_scores(a: _Analysis, producer: int, last: int) -> bool:
@@ -187,7 +188,7 @@ def activation_peaks(graph: Graph, groups: list[Group] | None = None) -> list[in
     One figure for the whole graph, or one per group (its boundaries only: the tensors a streamed run keeps for
     later groups count too). The graph must be shape-pinned (``Graph.with_shapes``); unknown shapes count 0."""
     a = analyse(graph)
-    vinfo = graph.value_infos()
+    vinfo = a.vinfo
     n = len(a.nodes)
     diff = [0] * (n + 2)
     for name, last in a.last_use.items():
