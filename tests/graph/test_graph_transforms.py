@@ -305,3 +305,34 @@ def test_shape_arithmetic_leaves_the_rest_to_the_evaluator(op, inputs, attrs):
 
     node = helper.make_node(op, [f"i{k}" for k in range(len(inputs))], ["out"], **attrs)
     assert _shape_op(node, {f"i{k}": a for k, a in enumerate(inputs)}, 17) is None
+
+
+def test_keep_outputs_drops_what_only_the_others_read_and_keeps_the_pinned_types():
+    """A text encoder cut to one hidden state: the nodes and weights only the other output reads go (recorded as
+    folding records its own, so whole-graph weights still bind), the pinned value types stay, and the kept output
+    is what onnx's ReferenceEvaluator computes on the whole graph."""
+    from onnx import TensorProto, helper, numpy_helper
+    from onnx.reference import ReferenceEvaluator
+
+    from sdrt.graph.fold import folded_record
+
+    rng = np.random.default_rng(0)
+    w1, w2 = (numpy_helper.from_array(rng.standard_normal((8, 8)).astype(np.float32), n) for n in ("w1", "w2"))
+    g = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["hidden"]),
+         helper.make_node("MatMul", ["hidden", "w2"], ["p"]), helper.make_node("Tanh", ["p"], ["pooled"])],
+        "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 8])],
+        [helper.make_tensor_value_info("hidden", TensorProto.FLOAT, ["batch", 8]),
+         helper.make_tensor_value_info("pooled", TensorProto.FLOAT, ["batch", 8])], [w1, w2])
+    model = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+    pinned = Graph.load(model.SerializeToString()).with_shapes(x=(3, 8))
+    cut = pinned.keep_outputs(["hidden"])
+    assert [o.name for o in cut.outputs] == ["hidden"] and cut.outputs[0].shape == (3, 8)
+    assert [n.op_type for n in cut.model.graph.node] == ["MatMul", "Relu"]
+    assert cut.initializer_names == ["w1"] and folded_record(cut.model)["removed"] == ["w2"]
+    assert cut.value_infos()["h"].shape == (3, 8)  # from the pinning, not inferred again
+    x = rng.standard_normal((3, 8)).astype(np.float32)
+    (want,) = ReferenceEvaluator(model).run(["hidden"], {"x": x})
+    np.testing.assert_array_equal(M.run_reference(cut, {"x": x})["hidden"], want)
+    with pytest.raises(ModelError, match="no output 'nope'"):
+        pinned.keep_outputs(["nope"])

@@ -90,6 +90,35 @@ def fold_constants(graph: Graph, *, max_bytes: int = 1 << 20, fold_weights: bool
     return model
 
 
+def keep_outputs(graph: Graph, names: tuple[str, ...] | list[str]) -> onnx.ModelProto:
+    """A copy of the graph's model with only the outputs ``names`` (in the graph's order), less the nodes and
+    initializers only the others read; the initializers dropped are recorded as folding records its own
+    (``FOLDED_KEY``), so that weights for the whole graph still bind. Nothing is evaluated: the value types a
+    pinned graph carries stay as they are (``Graph.with_shapes``, then this: no inference again)."""
+    model = copy_model(graph.model)
+    wanted = set(names)
+    kept = [o for o in model.graph.output if o.name in wanted]
+    del model.graph.output[:]
+    model.graph.output.extend(kept)
+    before = {t.name for t in model.graph.initializer}
+    _prune(model)
+    names_left = _all_value_names(model)
+    infos = [v for v in model.graph.value_info if v.name in names_left]
+    del model.graph.value_info[:]
+    model.graph.value_info.extend(infos)
+    after = {t.name for t in model.graph.initializer}
+    rec = folded_record(graph.model)
+    removed = sorted((set(rec["removed"]) | (before - after)) - after)
+    added = sorted(set(rec["added"]) & after)
+    props = [p for p in model.metadata_props if p.key != FOLDED_KEY]
+    del model.metadata_props[:]
+    model.metadata_props.extend(props)
+    if removed or added:
+        entry = model.metadata_props.add()
+        entry.key, entry.value = FOLDED_KEY, json.dumps({"removed": removed, "added": added})
+    return model
+
+
 def _all_value_names(model: onnx.ModelProto) -> set[str]:
     names = {i.name for i in model.graph.input} | {t.name for t in model.graph.initializer}
     for n in model.graph.node:

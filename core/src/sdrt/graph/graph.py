@@ -333,6 +333,19 @@ class Graph:
         """
         return self.derive(fold_constants(self, max_bytes=max_bytes, fold_weights=fold_weights))
 
+    def keep_outputs(self, names: Iterable[str]) -> Graph:
+        """The graph with only the outputs ``names``, less the nodes and initializers only the others read; returns
+        a new Graph. Unlike ``fold_constants`` it evaluates nothing, and a pinned graph's value types stay (cut a
+        graph after ``with_shapes``, not before: no inference again)."""
+        from .fold import keep_outputs
+
+        names = tuple(names)
+        missing = [n for n in names if n not in {o.name for o in self.model.graph.output}]
+        if missing:
+            raise ModelError(f"the graph has no output {missing[0]!r}", where=self.name,
+                             fix="outputs: " + ", ".join(o.name for o in self.model.graph.output))
+        return self.derive(keep_outputs(self, names))
+
     def without_contrib_ops(self, keep: Iterable[str] = (), backend: str = "") -> Graph:
         """onnxruntime's contrib ops (``com.microsoft``: MultiHeadAttention, GroupNorm, NhwcConv...) rewritten
         into standard ONNX ops, except those in ``keep`` (``"com.microsoft.GroupNorm"``), with a log line naming

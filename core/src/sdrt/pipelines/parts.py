@@ -190,12 +190,14 @@ class Part:
         if sess is None:
             from ..runtime import load
 
-            # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs is also
-            # folded, which drops the nodes only the other outputs needed (weights keep their names).
+            # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs drops the
+            # nodes only the other outputs needed (weights keep their names), cut after pinning: the whole graph's
+            # shapes, pinned by the job's dry run, hold for the cut one (no inference and no folding again)
+            for name in outputs:
+                self.require_output(name)
+            pinned = self.graph.with_shapes(dict(dims))
             if outputs:
-                pinned = self._only(outputs).with_shapes(dict(dims)).fold_constants()
-            else:
-                pinned = self.graph.with_shapes(dict(dims))
+                pinned = pinned.keep_outputs(outputs)
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             if self.weights is None and self.weights_factory is not None:
                 self.weights = self.weights_factory()
@@ -232,25 +234,6 @@ class Part:
         names = set(self.graph.initializer_names)
         refs = {n: weights.ref(n) for n in weights if n in names and n not in own}
         return with_own_constants(self.graph, refs, weights.sources[0] if weights.sources else Path(self.path))
-
-    def _only(self, outputs: tuple[str, ...]) -> Graph:
-        """The graph with just ``outputs``; the nodes only the others needed go at constant folding."""
-        from ..graph import Graph
-
-        graph = self.graph
-        for name in outputs:
-            self.require_output(name)
-        derive = getattr(graph, "derive", None)  # the redesign's public Graph.derive keeps mapped weights mapped
-        if derive is None and graph.mapped_initializers:  # would lose them: keep the graph whole
-            return graph
-        import onnx
-
-        model = onnx.ModelProto()
-        model.CopyFrom(graph.model)
-        kept = [o for o in model.graph.output if o.name in outputs]
-        del model.graph.output[:]
-        model.graph.output.extend(kept)
-        return derive(model) if derive is not None else Graph(model, graph.path, base_dir=graph.base_dir)
 
     def run(self, feeds: Mapping[str, np.ndarray], outputs: tuple[str, ...] = (),
             select: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
