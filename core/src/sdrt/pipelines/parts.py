@@ -192,12 +192,13 @@ class Part:
 
             # static shapes, so every backend compiles a static graph. A graph cut to fewer outputs drops the
             # nodes only the other outputs needed (weights keep their names), cut after pinning: the whole graph's
-            # shapes, pinned by the job's dry run, hold for the cut one (no inference and no folding again)
+            # shapes, pinned by the job's dry run, hold for the cut one (no inference again). It is folded too: the
+            # text encoder's position ids then reach OpenVINO as a constant, which its swappable form needs
             for name in outputs:
                 self.require_output(name)
             pinned = self.graph.with_shapes(dict(dims))
             if outputs:
-                pinned = pinned.keep_outputs(outputs)
+                pinned = pinned.keep_outputs(outputs).fold_constants()
             log.info("compiling %s for %s", self.name, ", ".join(f"{k}{list(v)}" for k, v in dims))
             if self.weights is None and self.weights_factory is not None:
                 self.weights = self.weights_factory()

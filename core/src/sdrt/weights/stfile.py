@@ -144,7 +144,8 @@ def map_entry(path: Path, entry: Entry) -> np.ndarray:
     if entry.length == 0:
         return np.zeros(entry.shape, entry.dtype)
     try:
-        raw = np.memmap(path, dtype=np.uint8, mode="r", offset=entry.begin, shape=(entry.length,))
+        # by its name as a str: numpy resolves a Path's symbolic links on every map
+        raw = np.memmap(os.fspath(path), dtype=np.uint8, mode="r", offset=entry.begin, shape=(entry.length,))
     except (OSError, ValueError) as exc:
         raise _bad(f"cannot map tensor {entry.name!r} ({exc})", path) from exc
     return np.asarray(raw).view(entry.dtype).reshape(entry.shape)
