@@ -72,20 +72,8 @@ def fold_constants(graph: Graph, *, max_bytes: int = 1 << 20, fold_weights: bool
         apply_inferred(model, last if last is not None else infer(model, graph.name))
     except ModelError as exc:  # keep what inference gave before; folding itself succeeded
         log.debug("shape inference after folding failed: %s", exc)
-        names = _all_value_names(model)
-        keep = [v for v in model.graph.value_info if v.name in names]
-        del model.graph.value_info[:]
-        model.graph.value_info.extend(keep)
-    after = {t.name for t in model.graph.initializer}
-    rec = folded_record(graph.model)
-    removed = sorted((set(rec["removed"]) | (before - after)) - after)
-    added = sorted((set(rec["added"]) | (after - before)) & after)
-    props = [p for p in model.metadata_props if p.key != FOLDED_KEY]
-    del model.metadata_props[:]
-    model.metadata_props.extend(props)
-    if removed or added:
-        entry = model.metadata_props.add()
-        entry.key, entry.value = FOLDED_KEY, json.dumps({"removed": removed, "added": added})
+        _drop_stale_value_info(model)
+    _record(model, graph.model, before, created=True)
     log.info("%s: folded to %d nodes (was %d)", graph.name, len(model.graph.node), len(graph.model.graph.node))
     return model
 
@@ -102,21 +90,32 @@ def keep_outputs(graph: Graph, names: tuple[str, ...] | list[str]) -> onnx.Model
     model.graph.output.extend(kept)
     before = {t.name for t in model.graph.initializer}
     _prune(model)
-    names_left = _all_value_names(model)
-    infos = [v for v in model.graph.value_info if v.name in names_left]
+    _drop_stale_value_info(model)
+    _record(model, graph.model, before, created=False)
+    return model
+
+
+def _drop_stale_value_info(model: onnx.ModelProto) -> None:
+    """Keep only the value_info of values the model still has."""
+    names = _all_value_names(model)
+    keep = [v for v in model.graph.value_info if v.name in names]
     del model.graph.value_info[:]
-    model.graph.value_info.extend(infos)
+    model.graph.value_info.extend(keep)
+
+
+def _record(model: onnx.ModelProto, source: onnx.ModelProto, before: set[str], *, created: bool) -> None:
+    """Write into ``model``'s metadata (``FOLDED_KEY``) the initializers it lost against ``before`` (its names when
+    copied from ``source``), and, where ``created``, the ones it gained, on top of what ``source`` recorded."""
     after = {t.name for t in model.graph.initializer}
-    rec = folded_record(graph.model)
+    rec = folded_record(source)
     removed = sorted((set(rec["removed"]) | (before - after)) - after)
-    added = sorted(set(rec["added"]) & after)
+    added = sorted((set(rec["added"]) | ((after - before) if created else set())) & after)
     props = [p for p in model.metadata_props if p.key != FOLDED_KEY]
     del model.metadata_props[:]
     model.metadata_props.extend(props)
     if removed or added:
         entry = model.metadata_props.add()
         entry.key, entry.value = FOLDED_KEY, json.dumps({"removed": removed, "added": added})
-    return model
 
 
 def _all_value_names(model: onnx.ModelProto) -> set[str]:
