@@ -392,7 +392,7 @@ def _python_for(name: str, args: argparse.Namespace) -> str | None:
 def byte_compile(pythons: set[str]) -> None:
     """Write the bytecode of sdrt's packages (wherever each Python imports them from) and the bench's own, as
     ``pip install`` does for an installed package (see the module doc)."""
-    code = ("import compileall, importlib.util, pathlib, sys\n"
+    code = ("import compileall, importlib.util, sys\n"
             "roots = [sys.argv[1]]\n"
             "for name in ('sdrt', 'sdrt_openvino', 'sdrt_ggml'):\n"
             "    spec = importlib.util.find_spec(name)\n"

@@ -340,7 +340,8 @@ class Graph:
         from .fold import keep_outputs
 
         names = tuple(names)
-        missing = [n for n in names if n not in {o.name for o in self.model.graph.output}]
+        have = {o.name for o in self.model.graph.output}
+        missing = [n for n in names if n not in have]
         if missing:
             raise ModelError(f"the graph has no output {missing[0]!r}", where=self.name,
                              fix="outputs: " + ", ".join(o.name for o in self.model.graph.output))

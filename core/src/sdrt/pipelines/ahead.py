@@ -2,18 +2,18 @@
 
 A pipeline compiles each part when a job first uses it: the text encoder, then the UNet, then the VAE, one after the
 other. OpenVINO's compile of the full-size SD 1.5 UNet takes 2.4-2.5 s with the interpreter released, using 1.5 of
-a 2-core machine's cores on average (3.7-3.9 s of CPU), and the text encoder's and the VAE's compiles less. The job's dry run (``Pipeline.plan``)
-already knows every part it will call and at which shapes, in order of first use, so as the job starts the parts
-after the first are compiled in that order on one thread while this one compiles and runs the first
-(``for_job``). A part's ``session`` (and every change to the part) waits for its own compile started ahead,
-and while it waits compiles those not started yet itself (the VAE decoder while the UNet compiles); the job's end
-waits for the thread and drops what it has not started.
+a 2-core machine's cores on average (3.7-3.9 s of CPU), and the text encoder's and the VAE's compiles less. The
+job's dry run (``Pipeline.plan``) already knows every part it will call and at which shapes, in order of first use,
+so as the job starts the parts after the first are compiled in that order on one thread while this one compiles and
+runs the first (``for_job``). A part's ``session`` (and every change to the part) waits for its own compile started
+ahead, and while it waits compiles those not started yet itself (the VAE decoder while the UNet compiles); the job's
+end waits for the thread and drops what it has not started.
 
 Only where it cannot change what the job holds or computes: the backend says it compiles this way
 (``Backend.compiles_beside``), the memory plan keeps every part of the job resident with room in the budget for
-the largest part's weights besides (two compiles' transients at once), the pipeline is not in low-memory mode, and the call is the one the job makes (whole graph, those shapes): the same
-session the job would have compiled, a little earlier. A compile that fails ahead is compiled again when used,
-where its error is raised as before.
+the largest part's weights besides (two compiles' transients at once), the pipeline is not in low-memory mode, and
+the call is the one the job makes (whole graph, those shapes): the same session the job would have compiled, a little
+earlier. A compile that fails ahead is compiled again when used, where its error is raised as before.
 """
 
 from __future__ import annotations
