@@ -121,7 +121,7 @@ def test_inpaint_on_the_command_line(tmp_path, capsys) -> None:
 
     from sdrt.cli import main
 
-    register("reference")  # float32 (the CLI has no --precision)
+    register("reference")  # float32, as the references
     z = np.load(FOLDER / "inpaint.npz")
     cases = _cases()
     pic, mask, out = tmp_path / "pic.png", tmp_path / "mask.png", tmp_path / "out.png"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError, ModelNotFoundError, SdrtError, printable
-from . import generate_memory, generate_toolbox, generate_weights
+from . import generate_memory, generate_toolbox, generate_weights, precision
 
 log = logging.getLogger("sdrt.cli")
 
@@ -120,6 +120,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                         "and 3 takes the third-to-last)")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
+    precision.add_flag(p, "every part")
     p.add_argument("--dry-run", action="store_true",
                    help="print the run plan (every part, its input shapes and dtypes, its calls) and stop: "
                         "nothing compiles or runs and no weights load")
@@ -340,6 +341,7 @@ def run(args: argparse.Namespace) -> int:
     _check_flow_size(folder, args)  # before the model loads, where its family is known from the file
     custom = generate_weights.check(args)
     memory = generate_memory.options(args)  # --memory, checked before any model loads
+    compute = precision.option(args.precision, args.backend, args.device)  # checked before any model loads
     outputs = [] if args.dry_run else _check_outputs(args, args.batch * args.batch_count)
     if outputs and settings.width and settings.height:  # a WebP over 16383 pixels a side: said before the run
         from ..pipelines.save import check_size
@@ -368,7 +370,7 @@ def run(args: argparse.Namespace) -> int:
     from ..runtime import select
 
     pipe = pipelines.load(folder, backend=args.backend, device=args.device,
-                          **generate_weights.pipeline_options(custom), **memory)
+                          **generate_weights.pipeline_options(custom), **memory, **compute)
     if args.dry_run:  # the model's graphs: a checkpoint or LoRA changes values, not shapes or calls, except a
         # Flux control LoRA's (BFL's Canny/Depth LoRA: the transformer takes 128 channels), which the plan shows
         if custom.lora_dir is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from . import precision
 from .paths import check_writes, output_file, refuse_stdout
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
@@ -23,9 +24,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--weights", action="append", default=None, help="a .safetensors file; repeat for several")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto, the one sdrt picks here)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it (default: the one sdrt picks for the backend)")
-    p.add_argument("--precision", default=None,
-                   help="compute precision, e.g. fp32 to compare with a float32 reference (default: the device's, "
-                        "as `sdrt info` shows it: bf16 on CPUs with bf16 dot products)")
+    precision.add_flag(p, "the model (fp32 to compare with a float32 reference)")
     return p
 
 
@@ -165,7 +164,7 @@ def run(args: argparse.Namespace) -> int:
     feeds = parse_inputs(args.input)
     graph = Graph.load(args.model)
     check_inputs(graph, feeds, args.input)
-    options = _precision_option(args)
+    options = precision.option(args.precision, args.backend, args.device)
     with load(graph, weights=args.weights, backend=args.backend, device=args.device,
               shapes=pins(graph, feeds), **options) as session:
         outputs = session.run(feeds)
@@ -208,22 +207,3 @@ def _savable(value: Any) -> Any:
     if value.dtype == object and all(isinstance(x, str) for x in value.flat):
         return value.astype(str)
     return value
-
-
-def _precision_option(args: argparse.Namespace) -> dict[str, Any]:
-    """``{"precision": --precision}`` for the backend, or {}: a backend that computes in fp32 alone (the reference
-    one) takes no precision option, so fp32 is dropped for it and any other precision refused in this command's
-    words."""
-    if args.precision is None:
-        return {}
-    from ..runtime import select
-
-    backend, _ = select(args.backend, args.device)
-    if backend.precisions:  # checked here, so that a refusal names the flag (the backend's own names sdrt.load)
-        from ..precision import precision_name
-
-        return {"precision": precision_name(args.precision, backend.precisions, where="--precision")}
-    if args.precision.strip().lower() in ("fp32", "f32", "float32", "float"):
-        return {}
-    raise InputError(f"the {backend.name} backend computes in fp32 only, not {args.precision!r}",
-                     where="--precision", fix="pass --precision fp32, leave it out, or pick another --backend")

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from . import precision
 
 log = logging.getLogger("sdrt.cli")
 
@@ -36,6 +37,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--text-encoder-dir", default=None, metavar="DIR",
                    help="text-encoder files that forge_additional_modules names (default: --models' text_encoder folder)")
     p.add_argument("--backend", default="auto")
+    precision.add_flag(p, "every model")
     p.add_argument("--device", action="append", default=None, metavar="D",
                    help="one worker per --device (repeatable; the same device twice runs two workers on it)")
     p.add_argument("--api-auth", default=None, metavar="USER:PASS[,USER:PASS]",
@@ -139,6 +141,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
                        devices=tuple(args.device) if args.device else (None,), auth=auth, tokens=tokens,
                        limits=limits, keep_models=args.keep_models,
                        keep_preprocessors=args.keep_preprocessors, low_memory=args.low_memory or False,
+                       precision=precision.option(args.precision, args.backend,
+                                                  args.device[0] if args.device else None).get("precision"),
                        default_model=args.default_model, checkpoint_base=args.checkpoint_base,
                        cors_origins=tuple(o.strip() for o in (args.cors_allow_origins or "").split(",") if o.strip()))
 

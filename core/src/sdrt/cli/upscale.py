@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import printable
+from . import precision
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -30,6 +31,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--tile-overlap", type=int, default=8, help="tile overlap in input pixels (default 8)")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it")
+    precision.add_flag(p, "the upscaler")
     return p
 
 
@@ -70,7 +72,9 @@ def run(args: argparse.Namespace) -> int:
         raise InputError(f"--tile-overlap must be from 0 to half the tile ({(args.tile or 1 << 30) // 2}), got "
                          f"{args.tile_overlap}", where="--tile-overlap", fix="give --tile-overlap 8 (A1111's)")
     tile = args.tile or 1 << 30
-    up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap)
+    compute = precision.option(args.precision, args.backend, args.device)
+    up = ModelUpscaler(path, backend=args.backend, device=args.device, tile=tile, overlap=args.tile_overlap,
+                       options=compute)
     image = to_rgb(Path(args.image), "image", "IMAGE")
     h, w = image.shape[:2]
     size = (w * up.scale, h * up.scale) if args.scale is None else (int(w * args.scale), int(h * args.scale))

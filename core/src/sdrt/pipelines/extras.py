@@ -770,7 +770,8 @@ class ToolboxMixin:
             for old in cache.values():
                 old.close()
             cache.clear()  # one model upscaler at a time: its sessions hold its weights
-            cache[key] = ModelUpscaler(path, backend=self.backend, device=self.device)  # type: ignore[attr-defined]
+            cache[key] = ModelUpscaler(path, backend=self.backend, device=self.device,  # type: ignore[attr-defined]
+                                       options=self.options)  # type: ignore[attr-defined]
         return cache[key]
 
     def _hires_pass(self, s: Settings, x: np.ndarray, seed: int, subseed: int | None, cond: Any, uncond: Any,

@@ -213,7 +213,7 @@ def _load(load: Any, spec: Any, pipe: Pipeline) -> Pipeline:
     from ..errors import FileChanged, ModelError, WeightsError
 
     try:
-        return load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+        return load(spec, backend=pipe.backend, device=pipe.device, low_memory=None, **pipe.options)
     except FileChanged:
         raise
     except (ModelError, WeightsError) as exc:

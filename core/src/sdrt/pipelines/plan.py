@@ -79,6 +79,8 @@ class RunPlan:
     #: parts, or on the process alone when those are released before it loads (``hires_first_released``)
     hires_memory: Any = None
     hires_first_released: bool | None = None
+    #: where and at what precision the parts compile: "openvino on CPU, bf16 (the device's default)"
+    compute: str = ""
 
     def part(self, name: str) -> PartPlan | None:
         return next((p for p in self.parts if p.part == name), None)
@@ -95,7 +97,8 @@ class RunPlan:
         lines = [f"{self.label} ({self.family}), {self.mode}, {self.width}x{self.height}, {self.images} image(s) "
                  f"({self.batch_count} x batch {self.batch}); latent {list(self.latent)}",
                  f"sampler {self.sampler}, {self.steps} step(s), model sampling {self.model_sampling}, "
-                 f"guidance {self.guidance} (cfg {self.cfg:g})", *self.notes]
+                 f"guidance {self.guidance} (cfg {self.cfg:g})", *([f"compute: {self.compute}"] if self.compute else []),
+                 *self.notes]
         for p in self.parts:
             lines.append(f"  {p.part} ({p.role}): {p.calls} call(s), {self.per_image(p.part):g} row(s) per image"
                          f"  [{p.path}]")
@@ -199,6 +202,7 @@ def dry_run(pipe: Pipeline, prompt: Any, negative_prompt: str | None, kwargs: di
                  s.batch * s.batch_count, s.batch, s.batch_count, steps[0] if steps else 0, label, kind, guidance,
                  s.cfg, pipe.family.latent_shape(s.batch, s.height, s.width), parts,
                  [*([dry._init_fit] if dry._init_fit else []), *_notes(s), *_stored_notes(pipe)])
+    rp.compute = _compute(pipe)
     rp._refiner = dry._refiner_job  # type: ignore[attr-defined]  # the job's refiner pipeline (its memory plan)
     rp._hires = hires  # type: ignore[attr-defined]  # the job's hires checkpoint's twin (its memory plan)
     rp._extras = extra_parts(pipe, dry, s)  # type: ignore[attr-defined]  # what the memory plan counts besides
@@ -330,6 +334,23 @@ def _path_version(text: str) -> Any:
 
 #: file storage types that are not the dtype a part's weights are bound in, and what they are
 PACKED = {"nf4": "bitsandbytes 4-bit", "fp4": "bitsandbytes 4-bit"}
+
+
+def _compute(pipe: Pipeline) -> str:
+    """The backend, device and precision the parts compile at: the one asked for (``precision=``), else
+    ``$SDRT_PRECISION``'s, else the device's default (``Backend.precision_for``; fp32 on a backend that offers no
+    other)."""
+    from ..precision import precision_name
+    from ..runtime import select
+
+    be, dev = select(pipe.backend, pipe.device)
+    asked = (pipe.options or {}).get("precision")
+    if asked:
+        return f"{be.name} on {dev.id}, {precision_name(asked)} (asked for)"
+    from ..precision_default import ENV, override
+
+    why = f"${ENV}" if be.precisions and override(be.precisions) else "the device's default"
+    return f"{be.name} on {dev.id}, {be.precision_for(dev) if be.precisions else 'fp32'} ({why})"
 
 
 def _stored_notes(pipe: Pipeline) -> list[str]:

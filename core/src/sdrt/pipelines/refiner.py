@@ -117,7 +117,7 @@ def resolve(pipe: Pipeline, s: Settings, load: Callable[..., Pipeline]) -> Pipel
             for old in cache.values():  # one refiner held at a time, as A1111 holds one
                 old.close()
             cache.clear()
-            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None)
+            cache[key] = load(spec, backend=pipe.backend, device=pipe.device, low_memory=None, **pipe.options)
         ref = cache[key]
         if not pipe._dry and pipe.low_memory is not None:  # one it loaded follows the base's low-memory mode
             ref.low_memory = pipe.low_memory

@@ -354,7 +354,7 @@ class ModelUpscaler:
     """
 
     def __init__(self, path: str | Path, *, backend: str = "auto", device: Any = None, name: str | None = None,
-                 tile: int = TILE, overlap: int = OVERLAP) -> None:
+                 tile: int = TILE, overlap: int = OVERLAP, options: Mapping[str, Any] | None = None) -> None:
         from ..weights import Weights
 
         self.path = Path(path)
@@ -367,6 +367,8 @@ class ModelUpscaler:
         self.arch = detect(self.weights.shapes(), where)
         self.scale = self.arch.scale
         self.backend, self.device = backend, device
+        #: the backend's compile options (``precision=``, ``cache=``...), as ``sdrt.load`` takes them
+        self.options = dict(options or {})
         if tile < 16 or not 0 <= overlap <= tile // 2:
             raise InputError(f"upscaler tile {tile} with overlap {overlap}: the tile must be at least 16 and the "
                              "overlap at most half of it", where="tile", fix="use tile 192, overlap 8 (A1111's)")
@@ -387,7 +389,8 @@ class ModelUpscaler:
                 self._arrays = {n: np.asarray(self.weights[n], np.float32) for n in self.weights}
             model = build_graph(self.arch, self._arrays, h, w)
             log.info("compiling %s for a %dx%d tile", self.name, w, h)
-            sess = self._sessions[(h, w)] = load(model, backend=self.backend, device=self.device)
+            sess = load(model, backend=self.backend, device=self.device, **self.options)
+            self._sessions[(h, w)] = sess
         return sess
 
     def close(self) -> None:

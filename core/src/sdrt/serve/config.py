@@ -32,6 +32,7 @@ class ServeConfig:
     ``vae_dir`` / ``text_encoder_dir``: the separate VAE and text-encoder files requests choose (A1111's ``sd_vae``, Forge's
     ``forge_additional_modules``); by default the models folder's ``VAE/`` and ``text_encoder/``.
     ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
+    ``precision``: every model's compute precision (``"fp32"``...; None: each device's default).
     """
 
     models: Path | None = None
@@ -45,6 +46,8 @@ class ServeConfig:
     keep_models: int = 2          # pipelines each worker keeps warm
     keep_preprocessors: int = 1   # idle compiled preprocessor models kept per device (pipelines.preprocessors)
     low_memory: bool | None = False
+    #: the compute precision of every model (``sdrt.load``'s ``precision=``); None: each device's default
+    precision: str | None = None
     default_model: str | None = None
     checkpoint_base: str | None = None  # a model folder that .safetensors checkpoints bind onto (None: their own)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
@@ -68,6 +71,10 @@ class ServeConfig:
             raise InputError(f"auth takes (user, password) pairs, got {self.auth!r:.60}", where="ServeConfig(auth=...)",
                              fix="pass auth=[('alice', 's3cret')] (sdrt.serve.auth.parse_api_auth reads 'user:pass')")
         object.__setattr__(self, "auth", tuple(tuple(p) for p in self.auth))
+        if self.precision is not None:  # a word that names no precision: now, not at the first request
+            from ..precision import precision_name
+
+            object.__setattr__(self, "precision", precision_name(self.precision, where="ServeConfig(precision=...)"))
 
 
 __all__ = ["Limits", "ServeConfig"]

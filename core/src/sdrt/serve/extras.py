@@ -99,16 +99,16 @@ def resolve(name: str, models_dir: Path | None) -> Path | None:
     return path if path is not None and _described(path) is not None else None
 
 
-def _upscaler(path: Path, backend: str, device: str | None) -> Any:
+def _upscaler(path: Path, backend: str, device: str | None, precision: str | None = None) -> Any:
     from ..pipelines.upscaler import ModelUpscaler
 
-    key = (str(path), backend, device)
+    key = (str(path), backend, device, precision)
     with _lock:
         up = _loaded.get(key)
         if up is not None:
             _loaded.move_to_end(key)
             return up
-    up = ModelUpscaler(path, backend=backend, device=device)
+    up = ModelUpscaler(path, backend=backend, device=device, options={"precision": precision} if precision else None)
     with _lock:
         _loaded[key] = up
         while len(_loaded) > 2:
@@ -119,7 +119,8 @@ def _upscaler(path: Path, backend: str, device: str | None) -> Any:
 _run_lock = threading.Lock()
 
 
-def _upscale(img: Any, name: str, scale: float, path: Path | None, backend: str, device: str | None) -> Any:
+def _upscale(img: Any, name: str, scale: float, path: Path | None, backend: str, device: str | None,
+             precision: str | None = None) -> Any:
     """A1111's ``Upscaler.upscale``: to ``int(side * scale) // 8 * 8``, the model up to 3 times, then Lanczos."""
     import numpy as np
     from PIL import Image
@@ -129,7 +130,7 @@ def _upscale(img: Any, name: str, scale: float, path: Path | None, backend: str,
     if path is None:
         return img.resize((dest_w, dest_h), resample=getattr(Image.Resampling, PLAIN[name]))
     with _run_lock:
-        up = _upscaler(path, backend, device)
+        up = _upscaler(path, backend, device, precision)
         out = up.upscale_to(np.asarray(img.convert("RGB")), dest_w, dest_h)
     return Image.fromarray(out)
 
@@ -150,7 +151,7 @@ def _which(body: dict[str, Any], key: str, models_dir: Path | None) -> tuple[str
 
 
 def _process(body: dict[str, Any], images: list[Any], models_dir: Path | None, backend: str,
-             device: str | None, max_side: int) -> tuple[list[Any], str]:
+             device: str | None, max_side: int, precision: str | None = None) -> tuple[list[Any], str]:
     """A1111's extras on Pillow images: (the results, html_info)."""
     from PIL import Image
 
@@ -180,9 +181,9 @@ def _process(body: dict[str, Any], images: list[Any], models_dir: Path | None, b
             how = f"by {scale:g}" if mode == 0 else f"to cover {tw}x{th} (upscaling_resize_w x upscaling_resize_h)"
             raise ApiError(400, f"{field}: upscaling {img.width}x{img.height} {how} is above this server's limit of "
                                 f"{max_side} pixels a side", field=field)
-        first = _upscale(img, name1, scale, path1, backend, device)
+        first = _upscale(img, name1, scale, path1, backend, device, precision)
         if name2 != "None" and vis2 > 0:
-            second = _upscale(img, name2, scale, path2, backend, device)
+            second = _upscale(img, name2, scale, path2, backend, device, precision)
             if second.size != first.size:
                 second = second.resize(first.size, resample=Image.Resampling.LANCZOS)
             first = Image.blend(first, second, vis2)
@@ -243,10 +244,10 @@ async def upscalers(request: Request) -> JSONResponse:
     return JSONResponse(await run_in_threadpool(listing, st.registry.models_dir))
 
 
-def _config(st: Any) -> tuple[Path | None, str, str | None, int, int]:
+def _config(st: Any) -> tuple[Path | None, str, str | None, int, int, str | None]:
     limits = st.limits
     side = max(limits.max_width, limits.max_height)
-    return st.registry.models_dir, st.config.backend, st.config.devices[0], side, side * side
+    return st.registry.models_dir, st.config.backend, st.config.devices[0], side, side * side, st.config.precision
 
 
 async def extra_single_image(request: Request) -> JSONResponse:
@@ -257,11 +258,11 @@ async def extra_single_image(request: Request) -> JSONResponse:
     body = await read_json(request, st.limits.max_body_bytes)
     if not isinstance(body, dict):
         raise ApiError(422, "the body must be a JSON object with image (a base64 PNG or JPEG)")
-    models, backend, device, side, pixels = _config(st)
+    models, backend, device, side, pixels, precision = _config(st)
 
     def work() -> dict[str, Any]:
         img = b64images.decode(body.get("image"), "image", pixels)
-        out, info = _process(body, [img], models, backend, device, side * 2)
+        out, info = _process(body, [img], models, backend, device, side * 2, precision)
         return {"html_info": info, "image": _b64png(out[0])}
 
     return JSONResponse(await run_in_threadpool(_public, work))
@@ -282,14 +283,14 @@ async def extra_batch_images(request: Request) -> JSONResponse:
     if len(items) > MAX_BATCH:
         raise ApiError(400, f"imageList has {len(items)} images, above this server's limit of {MAX_BATCH}",
                        field="imageList")
-    models, backend, device, side, pixels = _config(st)
+    models, backend, device, side, pixels, precision = _config(st)
 
     def work() -> dict[str, Any]:
         images = []
         for i, item in enumerate(items):
             data = item.get("data") if isinstance(item, dict) else None
             images.append(b64images.decode(data, f"imageList[{i}].data", pixels))
-        out, info = _process(body, images, models, backend, device, side * 2)
+        out, info = _process(body, images, models, backend, device, side * 2, precision)
         return {"html_info": info, "images": [_b64png(im) for im in out]}
 
     return JSONResponse(await run_in_threadpool(_public, work))

@@ -30,6 +30,8 @@ class PipelineSpec:
     #: separate VAE and text-encoder files (``pipelines.load``'s ``vae`` and ``text_encoders``)
     vae: Path | None = None
     text_encoders: tuple[Path, ...] = ()
+    #: the compute precision (``sdrt.load``'s ``precision=``); None: the device's default
+    precision: str | None = None
 
     def build(self) -> Any:
         """A ready ``sdrt.pipelines.Pipeline`` (its parts compile on first use)."""
@@ -37,8 +39,9 @@ class PipelineSpec:
 
         with _BUILD_LOCK:
             parts = {"vae": self.vae, "text_encoders": self.text_encoders} if self.weights is None else {}
+            compute = {"precision": self.precision} if self.precision else {}
             pipe = pipelines.load(self.folder, backend=self.backend, device=self.device, low_memory=self.low_memory,
-                                  **parts)
+                                  **parts, **compute)
             if self.weights is not None:
                 pipe.load_weights(self.weights)  # refused, naming the family, when it does not fit the folder
                 if self.vae is not None or self.text_encoders:  # the chosen files over the checkpoint's own

@@ -1,0 +1,63 @@
+"""``sdrt serve --precision`` (``ServeConfig(precision=...)``): every model the server compiles runs at it.
+
+The server runs with ``SDRT_PRECISION=bf16`` in its environment and ``--precision fp32``; its image is the Python
+API's at ``precision="fp32"``, and each part of the pipeline it built compiled with that option.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from backend_helpers import register
+from serve_helpers import live_server, needs_server, png_rgb
+
+from sdrt import pipelines
+from sdrt.errors import SdrtError
+
+httpx = pytest.importorskip("httpx", reason="httpx is a test dependency: pip install httpx")
+
+
+def test_the_flag_is_checked_against_the_backend_before_the_server_starts() -> None:
+    from sdrt.cli import build_parser
+    from sdrt.cli.serve import config_from_args
+
+    register("openvino")
+    config = config_from_args(build_parser().parse_args(["serve", "--backend", "openvino", "--precision", "float32"]))
+    assert config.precision == "fp32"
+    assert config_from_args(build_parser().parse_args(["serve"])).precision is None
+    with pytest.raises(SdrtError, match="precision 'int8' is not one this backend accepts") as caught:
+        config_from_args(build_parser().parse_args(["serve", "--backend", "openvino", "--precision", "int8"]))
+    assert caught.value.where == "--precision"
+    register("reference")
+    with pytest.raises(SdrtError, match="the reference backend computes in fp32 only, not 'bf16'"):
+        config_from_args(build_parser().parse_args(["serve", "--backend", "reference", "--precision", "bf16"]))
+    config = config_from_args(build_parser().parse_args(["serve", "--backend", "reference", "--precision", "fp32"]))
+    assert config.precision is None  # the reference backend takes no precision option: float32 is what it does
+
+
+def test_the_config_refuses_a_word_that_names_no_precision() -> None:
+    from sdrt.serve import ServeConfig
+
+    assert ServeConfig(precision="Float32").precision == "fp32"
+    with pytest.raises(SdrtError, match="precision 'fastest' is not one") as caught:
+        ServeConfig(precision="fastest")
+    assert caught.value.where == "ServeConfig(precision=...)"
+
+
+@needs_server
+def test_a_served_image_is_computed_at_the_servers_precision(monkeypatch) -> None:
+    from sdrt.serve import ServeConfig, create_app  # noqa: F401 - create_app: live_server's
+
+    register("openvino")
+    monkeypatch.setenv("SDRT_PRECISION", "bf16")
+    job = {"prompt": "a red circle on a blue background", "steps": 3, "seed": 7, "width": 64, "height": 64,
+           "sampler_name": "Euler"}
+    with live_server(ServeConfig(backend="openvino", precision="fp32")) as url, httpx.Client(base_url=url,
+                                                                                         timeout=300) as c:
+        r = c.post("/sdapi/v1/txt2img", json=job)
+        assert r.status_code == 200, r.text
+        got = png_rgb(r.json()["images"][0])
+    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino", precision="fp32") as pipe:
+        assert {part.options.get("precision") for part in pipe._parts.values()} == {"fp32"}
+        want = pipe.generate(job["prompt"], steps=3, seed=7, width=64, height=64, sampler="Euler").images[0]
+    assert np.array_equal(got, want)
