@@ -7,10 +7,11 @@ first (a float16 copy, ``convert.half_weights``, cost the full-size SD 1.5 UNet 
 OpenVINO then stores (``export_model``, ``CACHE_DIR``) is the model as given: float32 weights, twice the size.
 
 So the cache entry is written from a twin: the same model, with every float32 constant that only ops the
-compiled model runs in bf16 read (Convolution, MatMul) made a bf16 constant behind a ``Convert`` marked as
-decompression, rounded the way the CPU plugin rounds. The CPU plugin keeps such constants bf16 in its blob (half
-the float32 size), and an import of that blob computes with the very weights the float32 compile computed with:
-the full-size UNet's output matched bit for bit, cold compile and cache hit alike (docs/openvino.md).
+compiled model runs in bf16 read (Convolution, MatMul; directly or through a Transpose) made a bf16 constant
+behind a ``Convert`` marked as decompression, rounded the way the CPU plugin rounds. The CPU plugin keeps such
+constants bf16 in its blob (half the float32 size), and an import of that blob computes with the very weights the
+float32 compile computed with: the full-size UNet's output matched bit for bit, cold compile and cache hit alike
+(docs/openvino.md).
 """
 
 from __future__ import annotations
@@ -65,10 +66,29 @@ def round_to_bf16(src: np.ndarray, out: np.ndarray) -> None:
         dst[start:start + _CHUNK] = tmp
 
 
+def _weight_only(const: Any) -> bool:
+    """Whether ``const`` is read only as a convolution's or matmul's weight: directly, or through a ``Transpose``
+    read only by them (a linear weight bound in torch's [out, in] layout, as sdrt's shipped weight-free graphs take
+    a checkpoint's: the compile folds the transpose into the constant before it rounds it, and rounding commutes
+    with a transpose)."""
+    readers = [t.get_node() for t in const.output(0).get_target_inputs()]
+    if not readers:
+        return False
+    for r in readers:
+        kind = r.get_type_name()
+        if kind == "Transpose":
+            after = [t.get_node() for t in r.output(0).get_target_inputs()]
+            if not after or any(a.get_type_name() not in WEIGHT_OPS for a in after):
+                return False
+        elif kind not in WEIGHT_OPS:
+            return False
+    return True
+
+
 def twin(model: Any, release: Callable[[], Any] | None = None) -> Any:
-    """A copy of ``model`` whose float32 constants that only convolutions and matmuls read are bf16 behind a
-    decompression ``Convert`` (each over a tensor of OpenVINO's own, which the constant keeps alive). ``model`` is
-    left as it is (``update_weights`` swaps its constants). ``release`` hands back the pages of the float32
+    """A copy of ``model`` whose float32 constants that only convolutions and matmuls read (``_weight_only``) are
+    bf16 behind a decompression ``Convert`` (each over a tensor of OpenVINO's own, which the constant keeps alive).
+    ``model`` is left as it is (``update_weights`` swaps its constants). ``release`` hands back the pages of the float32
     weights' file maps; it is called every ``_RELEASE_EVERY`` bytes read, so that they are never all resident
     beside the bf16 copy (the full-size UNet's twin peaked 4.7 GiB over the process without it)."""
     import openvino as ov
@@ -81,8 +101,7 @@ def twin(model: Any, release: Callable[[], Any] | None = None) -> Any:
         shape = [int(d) for d in op.get_output_shape(0)]
         if len(shape) < 2 or int(np.prod(shape)) < _MIN_ELEMENTS:
             continue
-        readers = [t.get_node() for t in op.output(0).get_target_inputs()]
-        if not readers or any(r.get_type_name() not in WEIGHT_OPS for r in readers):
+        if not _weight_only(op):
             continue
         values = op.get_data()
         tensor = ov.Tensor(ov.Type.bf16, shape)  # OpenVINO's own memory: no transparent huge page faults

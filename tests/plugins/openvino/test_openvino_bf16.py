@@ -41,6 +41,28 @@ def _conv_matmul_model(seed: int = 0) -> bytes:
     return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
 
 
+def _linear_model(seed: int = 0) -> bytes:
+    """x[1,8,8,8] -> Flatten -> MatMul(Transpose(lw[64x512])) + bias -> y[1,64], and z = Transpose(sw) * y: a linear
+    weight in torch's [out, in] layout, as sdrt's shipped weight-free graphs bind a checkpoint's (160 of the SD 1.5
+    UNet's weights), and a transposed constant that is no weight (read by a Mul)."""
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(seed)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 512), dtype=np.float32) * 0.05, "lw"),
+             numpy_helper.from_array(rng.standard_normal(64, dtype=np.float32), "lb"),
+             numpy_helper.from_array(rng.standard_normal((64, 32), dtype=np.float32), "sw")]
+    nodes = [helper.make_node("Flatten", ["x"], ["f"], axis=1),
+             helper.make_node("Transpose", ["lw"], ["lwt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["f", "lwt"], ["m"], name="mm"),
+             helper.make_node("Add", ["m", "lb"], ["y"]),
+             helper.make_node("Transpose", ["sw"], ["swt"], perm=[1, 0]),
+             helper.make_node("Mul", ["swt", "y"], ["z"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 64]),
+                           helper.make_tensor_value_info("z", TensorProto.FLOAT, [32, 64])], inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)], ir_version=8).SerializeToString()
+
+
 X = np.random.default_rng(3).standard_normal((1, 8, 8, 8), dtype=np.float32)
 
 
@@ -86,14 +108,30 @@ def test_the_twin_rounds_convolution_and_matmul_weights_only(ov_registry):
     assert consts(conv.model) == {"cw": "f32", "cb": "f32", "mw": "f32", "mb": "f32"}, "the model is left as is"
 
 
+def test_the_twin_rounds_a_transposed_linear_weight(ov_registry):
+    import openvino as ov
+
+    from sdrt.graph import Graph
+    from sdrt.weights.resolve import resolve_weights
+    from sdrt_openvino import bf16, convert
+
+    graph = Graph.load(_linear_model())
+    conv = convert.read(ov.Core(), graph, resolve_weights(graph, None))
+    twin = bf16.twin(conv.model)
+    got = {op.get_friendly_name(): op.get_element_type().get_type_name() for op in twin.get_ordered_ops()
+           if op.get_type_name() == "Constant" and op.get_friendly_name() in ("lw", "lb", "sw")}
+    assert got == {"lw": "bf16", "lb": "f32", "sw": "f32"}
+
+
 @needs_bf16
-def test_a_jobs_bf16_entry_imports_to_the_compiles_outputs_bit_for_bit(ov_registry, tmp_path):
+@pytest.mark.parametrize("build", [_conv_matmul_model, _linear_model], ids=["conv-matmul", "transposed-linear"])
+def test_a_jobs_bf16_entry_imports_to_the_compiles_outputs_bit_for_bit(ov_registry, tmp_path, build):
     """Inside a job a bf16 compile binds the float32 weights; the entry stored after the job holds the bf16 twin,
     about half the float32 entry, and a later load imports it to exactly the outputs of the compile."""
     from sdrt.cache import deferred, wait_for_stores
 
     model = tmp_path / "cm.onnx"  # a file: its weights are mapped
-    model.write_bytes(_conv_matmul_model())
+    model.write_bytes(build())
     sdrt.load(model, backend="openvino", device="CPU", precision="fp32")
     (f32_entry,) = _entries(tmp_path)
     with deferred.hold():

@@ -97,8 +97,8 @@ class RunPlan:
         lines = [f"{self.label} ({self.family}), {self.mode}, {self.width}x{self.height}, {self.images} image(s) "
                  f"({self.batch_count} x batch {self.batch}); latent {list(self.latent)}",
                  f"sampler {self.sampler}, {self.steps} step(s), model sampling {self.model_sampling}, "
-                 f"guidance {self.guidance} (cfg {self.cfg:g})", *([f"compute: {self.compute}"] if self.compute else []),
-                 *self.notes]
+                 f"guidance {self.guidance} (cfg {self.cfg:g})",
+                 *([f"compute: {self.compute}"] if self.compute else []), *self.notes]
         for p in self.parts:
             lines.append(f"  {p.part} ({p.role}): {p.calls} call(s), {self.per_image(p.part):g} row(s) per image"
                          f"  [{p.path}]")
