@@ -340,17 +340,22 @@ def _compute(pipe: Pipeline) -> str:
     """The backend, device and precision the parts compile at: the one asked for (``precision=``), else
     ``$SDRT_PRECISION``'s, else the device's default (``Backend.precision_for``; fp32 on a backend that offers no
     other)."""
+    from ..errors import SdrtError
     from ..precision import precision_name
     from ..runtime import select
 
-    be, dev = select(pipe.backend, pipe.device)
+    try:
+        be, dev = select(pipe.backend, pipe.device)
+    except SdrtError:  # nothing runs here (sdrt plan costs a pipeline for a device it is not on): no line
+        return ""
+    quantized = f"; weights {pipe.quantize} (the VAE's float)" if getattr(pipe, "quantize", None) else ""
     asked = (pipe.options or {}).get("precision")
     if asked:
-        return f"{be.name} on {dev.id}, {precision_name(asked)} (asked for)"
+        return f"{be.name} on {dev.id}, {precision_name(asked)} (asked for){quantized}"
     from ..precision_default import ENV, override
 
     why = f"${ENV}" if be.precisions and override(be.precisions) else "the device's default"
-    return f"{be.name} on {dev.id}, {be.precision_for(dev) if be.precisions else 'fp32'} ({why})"
+    return f"{be.name} on {dev.id}, {be.precision_for(dev) if be.precisions else 'fp32'} ({why}){quantized}"
 
 
 def _stored_notes(pipe: Pipeline) -> list[str]:
