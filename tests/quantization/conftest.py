@@ -51,3 +51,28 @@ def backends(tmp_path, monkeypatch):
         yield reg
     finally:
         plugins.reset_registry()
+
+
+@pytest.fixture(scope="module")
+def unet_transposed(unet):
+    """The tiny UNet with every MatMul weight stored in torch's [out, in] layout and transposed in the graph, as
+    sdrt's shipped weight-free graphs take a checkpoint's linear weights (``Transpose`` -> ``MatMul``)."""
+    from onnx import helper, numpy_helper
+
+    from sdrt.graph import Graph
+    from sdrt.graph.protos import copy_model
+
+    arrays = unet.initializer_arrays()
+    weights = {n.input[1] for n in unet.model.graph.node if n.op_type == "MatMul" and n.input[1] in arrays
+               and np.asarray(arrays[n.input[1]]).ndim == 2}
+    m = copy_model(unet.model, initializers=False)
+    for t in unet.model.graph.initializer:
+        a = np.asarray(arrays[t.name])
+        m.graph.initializer.append(numpy_helper.from_array(np.ascontiguousarray(a.T if t.name in weights else a),
+                                                           t.name + ".oi" if t.name in weights else t.name))
+    transposes = [helper.make_node("Transpose", [w + ".oi"], [w], perm=[1, 0], name=w + ".transpose")
+                  for w in sorted(weights)]
+    nodes = list(m.graph.node)
+    del m.graph.node[:]
+    m.graph.node.extend(transposes + nodes)
+    return Graph(m, unet.path, base_dir=unet.base_dir)

@@ -52,10 +52,15 @@ def test_what_does_not_map_stays_float():
     assert quant.blocks(values, 0) is None  # a plain float weight
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in-transposed"])
 @pytest.mark.parametrize("scheme,kind", [("int8", "mul_mat_Q8_0"), ("int4", "mul_mat_Q4_0")])
-def test_quantized_unet_runs_on_ggml_block_matmuls(backends, unet, unet_feeds, scheme, kind):
+def test_quantized_unet_runs_on_ggml_block_matmuls(backends, unet, unet_transposed, unet_feeds, scheme, kind,
+                                                   transposed):
+    """Its weights stored [in, out] (an Optimum export) or [out, in] behind a Transpose (a single file bound onto
+    sdrt's shipped graphs): both run on ggml's quantized mul_mat."""
     if "ggml" not in backends.backends:
         pytest.skip("sdrt-ggml is not installed")
+    unet = unet_transposed if transposed else unet
     ref = sdrt.load(unet, backend="reference", quantize=scheme).run(unet_feeds)
     s = sdrt.load(unet, backend="ggml", quantize=scheme, shapes={"batch": 1, "sequence": 7})
     assert s.impl_hits.get(kind, 0) >= 10

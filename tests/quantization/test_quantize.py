@@ -68,6 +68,41 @@ def test_reference_matches_onnxruntime_and_dequantize(registry, unet, unet_feeds
     assert 0 < rel < {"int8": 0.1, "int4": 0.5, "fp8": 0.3}[scheme]
 
 
+@pytest.mark.parametrize("scheme,block", SCHEMES)
+def test_linear_weights_behind_a_transpose_are_quantized_as_the_plain_ones(registry, unet, unet_transposed,
+                                                                           unet_feeds, scheme, block):
+    """A linear weight in torch's [out, in] layout that the graph transposes for its MatMul (sdrt's shipped
+    weight-free graphs bind a single-file checkpoint so) is quantized along the same output channels and
+    reduction blocks as the plain graph's [in, out] weight: the two quantized graphs compute the same (onnxruntime).
+    Before, such a weight was left float32 and named under no reason: 86% of SDXL's UNet bytes, 72% of Flux's."""
+    plain, moved = Q.plan(unet, scheme, block_size=block), Q.plan(unet_transposed, scheme, block_size=block)
+    assert len(moved["quantized"]) == len(plain["quantized"]) and sum(n.endswith(".oi") for n in moved["quantized"]) >= 30
+    q = Q.quantize(unet_transposed, scheme, block_size=block)
+    want = _ort(Q.quantize(unet, scheme, block_size=block).model, unet_feeds)
+    np.testing.assert_allclose(_ort(q.model, unet_feeds), want, atol=1e-5, rtol=1e-5)
+    (out,) = sdrt.load(q, backend="reference").run(unet_feeds).values()
+    np.testing.assert_allclose(out, want, atol=1e-5, rtol=1e-5)
+
+
+def test_a_transposed_constant_read_by_other_ops_stays_float():
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt.graph import Graph
+
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array(rng.standard_normal((64, 64), dtype=np.float32), "w"),
+             numpy_helper.from_array(rng.standard_normal((64, 64), dtype=np.float32), "s")]
+    nodes = [helper.make_node("Transpose", ["w"], ["wt"], perm=[1, 0]),
+             helper.make_node("MatMul", ["x", "wt"], ["m"]),
+             helper.make_node("Add", ["m", "wt"], ["y"]),  # the transposed weight read by an Add too
+             helper.make_node("Transpose", ["s"], ["st"], perm=[1, 0]),
+             helper.make_node("MatMul", ["st", "y"], ["z"])]  # a MatMul's first input, not its weight
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [64, 64])],
+                          [helper.make_tensor_value_info("z", TensorProto.FLOAT, [64, 64])], inits)
+    graph = Graph.load(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString())
+    assert Q.plan(graph, "int8")["quantized"] == []
+
+
 def test_first_last_layers_and_embeddings_stay_float(unet):
     p = Q.plan(unet, "int8")
     kept = p["first/last layer or embedding (KEEP_LAYERS)"]
@@ -114,10 +149,12 @@ def test_load_option_is_cached(backends, unet, unet_feeds, tmp_path):
     assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
 
 
+@pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in-transposed"])
 @pytest.mark.parametrize("scheme", ["int8", "int4-16", "fp8"])
-def test_openvino_keeps_weights_compressed_and_exact(backends, unet, unet_feeds, scheme):
+def test_openvino_keeps_weights_compressed_and_exact(backends, unet, unet_transposed, unet_feeds, scheme, transposed):
     if "openvino" not in backends.backends:
         pytest.skip("sdrt-openvino is not installed")
+    unet = unet_transposed if transposed else unet
     ref = sdrt.load(unet, backend="reference", quantize=scheme).run(unet_feeds)
     s = sdrt.load(unet, backend="openvino", quantize=scheme, cache=False)
     for k, v in s.run(unet_feeds).items():
@@ -372,3 +409,4 @@ def test_a_bad_int4_block_size_names_every_size_taken():
     with pytest.raises(SdrtError, match="use int4-16, int4-32, int4-64 or int4-128"):
         quantization.parse("int4-7")
     assert quantization.parse("int4-16") == ("int4", 16)
+

@@ -15,7 +15,8 @@ Scales are rounded to float16-representable values, so a block-32 int4 or int8
 weight converts exactly to ggml's Q4_0 / Q8_0 blocks (fp16 scale per 32 values).
 
 Which weights are quantized: the constant weight (input 1) of ``MatMul``, ``Gemm``
-and ``Conv``. What stays float32, and why:
+and ``Conv``, and a 2-D weight that a ``Transpose`` hands to ``MatMul`` (a linear layer's [out, in] weight as
+sdrt's shipped weight-free graphs take a checkpoint's). What stays float32, and why:
 
 - embeddings (``Gather`` tables: position and token embeddings), norms, biases:
   they are not matmul weights, are small, and errors there shift every token or
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # pragma: no cover
     import onnx
 
     from .graph import Graph
+    from .weights import Weights
 
 log = logging.getLogger("sdrt.quantization")
 
@@ -98,11 +100,11 @@ def _targets(graph: Graph, scheme: str, block_size: int, keep: list[re.Pattern[s
     """Weights to quantize, and the others by reason (``plan``)."""
     g = graph.model.graph
     infos = graph.initializer_info()
-    uses: dict[str, list[tuple[Any, int]]] = {}
+    readers_of: dict[str, list[tuple[Any, int]]] = {}  # every tensor's readers (a Transpose's output's too)
     for node in g.node:
         for i, x in enumerate(node.input):
-            if x in infos:
-                uses.setdefault(x, []).append((node, i))
+            readers_of.setdefault(x, []).append((node, i))
+    uses = {x: r for x, r in readers_of.items() if x in infos}
     outputs = {o.name for o in g.output}
     chosen: dict[str, _Target] = {}
     kept: dict[str, list[str]] = {}
@@ -117,6 +119,16 @@ def _targets(graph: Graph, scheme: str, block_size: int, keep: list[re.Pattern[s
         if info.dtype != "float32":
             if info.dtype in ("float16", "bfloat16", "float64") and any(n.op_type in _OPS and i == 1 for n, i in readers):
                 skip(f"stored as {info.dtype} (quantize reads float32 weights: a float32 export)", name)
+            continue
+        if len(info.shape) == 2 and all(_linear_transpose(n, readers_of) for n, _ in readers):
+            # a linear weight in torch's [out, in] layout, transposed in the graph for a MatMul (sdrt's shipped
+            # weight-free graphs bind checkpoints so): its output channels are axis 0, its reduction axis 1
+            if any(p.search(s) for p in keep for s in [_norm(name)] + [_norm(n.name) for n, _ in readers]):
+                skip("first/last layer or embedding (KEEP_LAYERS)", name)
+            elif scheme == "int4" and info.shape[1] % block_size:
+                skip(f"reduction axis not a multiple of the block ({block_size})", name)
+            else:
+                chosen[name] = _Target(name, "MatMul", 0, 1)
             continue
         weights_of = [(n, i) for n, i in readers if n.op_type in _OPS and i == 1]
         if len(weights_of) != len(readers):
@@ -152,6 +164,15 @@ def _targets(graph: Graph, scheme: str, block_size: int, keep: list[re.Pattern[s
             continue
         chosen[name] = _Target(name, op, axis, red)
     return chosen, kept
+
+
+def _linear_transpose(node: Any, readers_of: dict[str, list[tuple[Any, int]]]) -> bool:
+    """Whether ``node`` is a 2-D ``Transpose`` whose output only MatMuls read, as their weight (input 1)."""
+    if node.op_type != "Transpose":
+        return False
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+    after = readers_of.get(node.output[0], [])
+    return perm == [1, 0] and bool(after) and all(n.op_type == "MatMul" and i == 1 for n, i in after)
 
 
 def plan(graph: Graph, to: str = "int8", *, block_size: int = 32,
@@ -555,15 +576,25 @@ def _graph_key(graph: Graph) -> str:
     return make_key(parts)
 
 
-def cached(graph: Graph, spec: str) -> Graph:
+def cached(graph: Graph, spec: str, weights: Weights | None = None) -> Graph:
     """``quantize(graph, spec)``, written once under the cache (``cache_dir("quantized")``) and read back
-    from there on later loads of the same graph with the same setting."""
+    from there on later loads of the same graph with the same setting. ``weights`` (a checkpoint bound onto the
+    graph: a single file on sdrt's shipped graphs) are bound into the graph first, and only on a miss: the entry
+    is keyed by the graph without its initializers and the weights' identity (their files, offsets and stamps,
+    ``sdrt.cache.identity``), so that a hit reads no tensor and a full-size model is never serialized whole (a
+    protobuf stops at 2 GB: the 3.4 GB UNet of a full-size SD 1.5 checkpoint failed there)."""
     from . import __version__
     from .cache import cache_dir, make_key
     from .graph import Graph as _Graph
 
     scheme, block = parse(spec)
-    key = make_key(["quantized", __version__, _graph_key(graph), scheme, str(block), repr(KEEP_LAYERS)])
+    if weights is None:
+        ident = _graph_key(graph)
+    else:
+        from .cache.identity import graph_identity, weights_identity
+
+        ident = f"bound|{graph_identity(graph)}|{weights_identity(graph, weights)}"
+    key = make_key(["quantized", __version__, ident, scheme, str(block), repr(KEEP_LAYERS)])
     folder = cache_dir("quantized") / key[:32]
     path = folder / "model.onnx"
     if path.is_file():
@@ -572,9 +603,19 @@ def cached(graph: Graph, spec: str) -> Graph:
             return _Graph.load(path)
         except SdrtError as exc:  # a damaged entry is rebuilt, never trusted
             log.warning("%s: the cached quantized graph is unreadable (%s); quantizing again", folder, exc)
+    if weights is not None:
+        from .graph.protos import with_arrays
+        from .weights import resolve_weights
+
+        graph = _Graph(with_arrays(graph.model, resolve_weights(graph, weights)), graph.path, base_dir=graph.base_dir)
     q = quantize(graph, scheme, block_size=block)
     try:
         save(q, path)
     except SdrtError as exc:  # a read-only cache costs time, not the load
         log.warning("cannot cache the quantized graph (%s)", exc)
-    return q
+        return q
+    try:  # the graph every later load reads: the same compile-cache key from this first load on
+        return _Graph.load(path)
+    except SdrtError as exc:
+        log.warning("%s: the quantized graph just written is unreadable (%s)", folder, exc)
+        return q

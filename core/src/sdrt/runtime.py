@@ -57,13 +57,9 @@ def load(
     if quantize is not None or "DequantizeLinear" in graph.op_counts():
         from . import quantization
 
-        if quantize is not None:
-            if bound is not None:  # the quantized graph holds the weights; bind them first
-                from .weights import resolve_weights
-
-                graph = Graph(_with_arrays(graph, resolve_weights(graph, bound)), graph.path, base_dir=graph.base_dir)
-                bound = None
-            graph = quantization.cached(graph, quantize)
+        if quantize is not None:  # the quantized graph holds the weights: bound ones are bound into it
+            graph = quantization.cached(graph, quantize, bound)
+            bound = None
         graph = quantization.for_backend(graph, be)
     log.info("compiling %s on %s", graph.name, dev)
     return be.compile(graph, bound, dev, **options)
@@ -82,18 +78,6 @@ def _pinned(graph: Graph, shapes: Any) -> Graph:
                          fix=f"{told}{{@shapes=}} maps input names to full shapes and dim names to sizes") from exc
     log.info("%s pinned to %s", graph.name, ", ".join(str(i) for i in pinned.inputs))
     return pinned
-
-
-def _with_arrays(graph: Graph, arrays: dict[str, Any]) -> Any:
-    """``graph.model`` with the initializers named in ``arrays`` holding those values."""
-    from onnx import numpy_helper
-
-    from .graph.protos import copy_model
-
-    m = copy_model(graph.model, initializers=False)
-    for t in graph.model.graph.initializer:
-        m.graph.initializer.append(numpy_helper.from_array(arrays[t.name], t.name) if t.name in arrays else t)
-    return m
 
 
 def _open_weights(weights: Any) -> Weights | None:

@@ -430,6 +430,8 @@ class Lowering:
             outs = fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
             if node.op_type == "DequantizeLinear":  # a quantized weight: ggml's matmuls may take its blocks
                 outs = [quant.tag(outs[0], node, ins)]
+            elif node.op_type == "Transpose":  # a quantized [out, in] weight transposed for its MatMul: the same
+                outs = [quant.transposed(outs[0], node, ins[0])]
         elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
             if not self._only_nan_guards(node):
                 raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")

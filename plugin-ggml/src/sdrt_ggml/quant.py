@@ -53,6 +53,18 @@ def tag(out: np.ndarray, node: Any, ins: list[Any]) -> np.ndarray:
     return arr
 
 
+def transposed(out: np.ndarray, node: Any, src: Any) -> np.ndarray:
+    """``out``, a folded 2-D ``Transpose`` of the tagged weight ``src``, carrying ``src``'s quantized form read the
+    other way (a linear weight in torch's [out, in] layout that the graph transposes for its MatMul)."""
+    qz = getattr(src, "quant", None)
+    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
+    if qz is None or np.ndim(out) != 2 or perm != [1, 0] or out.dtype != np.float32:
+        return out
+    arr = np.asarray(out).view(QuantArray)
+    arr.quant = Quantized(qz.values.T, qz.scale.T if qz.block_size else qz.scale, 1 - qz.axis, qz.block_size)
+    return arr
+
+
 def blocks(w: Any, k_axis: int) -> tuple[str, np.ndarray] | None:
     """(ggml type name, rows of blocks: (N, K/32 * bytes per block) uint8) for the 2-D weight ``w`` whose
     reduction axis is ``k_axis``, or None when it is not a quantized weight that maps exactly."""

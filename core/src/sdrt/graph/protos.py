@@ -44,6 +44,16 @@ def copy_model(model: onnx.ModelProto, *, initializers: bool = True, value_info:
     return m
 
 
+def with_arrays(model: onnx.ModelProto, arrays: Any) -> onnx.ModelProto:
+    """A copy of ``model`` whose initializers named in ``arrays`` hold those values (the others as they are)."""
+    from onnx import numpy_helper
+
+    m = copy_model(model, initializers=False)
+    for t in model.graph.initializer:
+        m.graph.initializer.append(numpy_helper.from_array(arrays[t.name], t.name) if t.name in arrays else t)
+    return m
+
+
 def skeleton(model: onnx.ModelProto) -> onnx.ModelProto:
     """The model with its large initializers turned into typed inputs."""
     from onnx import helper
