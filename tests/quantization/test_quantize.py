@@ -410,3 +410,31 @@ def test_a_bad_int4_block_size_names_every_size_taken():
         quantization.parse("int4-7")
     assert quantization.parse("int4-16") == ("int4", 16)
 
+
+def test_cli_generate_quantize_is_the_apis(backends, tmp_path, capsys):
+    """``sdrt generate --quantize`` is ``pipelines.load(..., quantize=)``: the same image; a scheme that is none is
+    one line naming the flag, before anything loads."""
+    from PIL import Image
+
+    from sdrt import pipelines
+    from sdrt.cli import main
+
+    out = tmp_path / "q.png"
+    assert main(["generate", "a red circle", "--backend", "reference", "--steps", "2", "--seed", "4",
+                 "--quantize", "int3", "-o", str(out)]) == 1
+    assert capsys.readouterr().err == (
+        "error: unknown weight quantization 'int3'. Where: --quantize. What to do: pass --quantize int8, int4 "
+        "(int4-16, int4-64, int4-128: other block sizes) or fp8.\n")
+    assert not out.exists()
+    assert main(["generate", "a red circle", "--backend", "reference", "--steps", "2", "--quantize", "int8",
+                 "--dry-run"]) == 0
+    assert "compute: reference on CPU, fp32 (the device's default); weights int8 (the VAE's float)" in \
+        capsys.readouterr().out
+    assert main(["generate", "a red circle", "--backend", "reference", "--steps", "2", "--seed", "4",
+                 "--quantize", "int8", "-o", str(out)]) == 0
+    with pipelines.load(pipelines.DEMO_MODEL, backend="reference", quantize="int8") as pipe:
+        want = pipe.generate("a red circle", steps=2, seed=4).images[0]
+    with pipelines.load(pipelines.DEMO_MODEL, backend="reference") as pipe:
+        plain = pipe.generate("a red circle", steps=2, seed=4).images[0]
+    got = np.asarray(Image.open(out).convert("RGB"))
+    assert np.array_equal(got, want) and not np.array_equal(got, plain)

@@ -1,4 +1,5 @@
-"""``sdrt serve --precision`` (``ServeConfig(precision=...)``): every model the server compiles runs at it.
+"""``sdrt serve --precision`` and ``--quantize`` (``ServeConfig(precision=..., quantize=...)``): every model the
+server compiles runs at that precision, with those weights.
 
 The server runs with ``SDRT_PRECISION=bf16`` in its environment and ``--precision fp32``; its image is the Python
 API's at ``precision="fp32"``, and each part of the pipeline it built compiled with that option.
@@ -42,6 +43,37 @@ def test_the_config_refuses_a_word_that_names_no_precision() -> None:
     with pytest.raises(SdrtError, match="precision 'fastest' is not one") as caught:
         ServeConfig(precision="fastest")
     assert caught.value.where == "ServeConfig(precision=...)"
+    with pytest.raises(SdrtError, match="unknown weight quantization 'int3'") as caught:
+        ServeConfig(quantize="int3")
+    assert caught.value.where == "ServeConfig(quantize=...)"
+
+
+def test_the_quantize_flag_is_checked_before_the_server_starts() -> None:
+    from sdrt.cli import build_parser
+    from sdrt.cli.serve import config_from_args
+
+    assert config_from_args(build_parser().parse_args(["serve", "--quantize", "int4-64"])).quantize == "int4-64"
+    assert config_from_args(build_parser().parse_args(["serve"])).quantize is None
+    with pytest.raises(SdrtError, match="unknown weight quantization 'int3'") as caught:
+        config_from_args(build_parser().parse_args(["serve", "--quantize", "int3"]))
+    assert caught.value.where == "--quantize"
+
+
+@needs_server
+def test_a_served_image_has_the_servers_quantized_weights() -> None:
+    from sdrt.serve import ServeConfig
+
+    register("reference")
+    job = {"prompt": "a red circle on a blue background", "steps": 2, "seed": 5, "width": 64, "height": 64,
+           "sampler_name": "Euler"}
+    with live_server(ServeConfig(backend="reference", quantize="int8")) as url, httpx.Client(base_url=url,
+                                                                                          timeout=300) as c:
+        r = c.post("/sdapi/v1/txt2img", json=job)
+        assert r.status_code == 200, r.text
+        got = png_rgb(r.json()["images"][0])
+    with pipelines.load(pipelines.DEMO_MODEL, backend="reference", quantize="int8") as pipe:
+        want = pipe.generate(job["prompt"], steps=2, seed=5, width=64, height=64, sampler="Euler").images[0]
+    assert np.array_equal(got, want)
 
 
 @needs_server

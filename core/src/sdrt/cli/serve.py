@@ -11,6 +11,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import precision
+from .generate_memory import quantize_option
 
 log = logging.getLogger("sdrt.cli")
 
@@ -38,6 +39,9 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
                    help="text-encoder files that forge_additional_modules names (default: --models' text_encoder folder)")
     p.add_argument("--backend", default="auto")
     precision.add_flag(p, "every model")
+    p.add_argument("--quantize", default=None, metavar="SCHEME",
+                   help="store every model's matmul and conv weights as int8, int4 or fp8 (the VAE stays float); "
+                        "as sdrt generate --quantize")
     p.add_argument("--device", action="append", default=None, metavar="D",
                    help="one worker per --device (repeatable; the same device twice runs two workers on it)")
     p.add_argument("--api-auth", default=None, metavar="USER:PASS[,USER:PASS]",
@@ -143,6 +147,7 @@ def config_from_args(args: argparse.Namespace) -> Any:
                        keep_preprocessors=args.keep_preprocessors, low_memory=args.low_memory or False,
                        precision=precision.option(args.precision, args.backend,
                                                   args.device[0] if args.device else None).get("precision"),
+                       quantize=None if args.quantize is None else quantize_option(args.quantize),
                        default_model=args.default_model, checkpoint_base=args.checkpoint_base,
                        cors_origins=tuple(o.strip() for o in (args.cors_allow_origins or "").split(",") if o.strip()))
 

@@ -32,7 +32,8 @@ class ServeConfig:
     ``vae_dir`` / ``text_encoder_dir``: the separate VAE and text-encoder files requests choose (A1111's ``sd_vae``, Forge's
     ``forge_additional_modules``); by default the models folder's ``VAE/`` and ``text_encoder/``.
     ``auth``: ``("user", "pass")`` pairs for HTTP basic; ``tokens``: bearer tokens. No auth when both are empty.
-    ``precision``: every model's compute precision (``"fp32"``...; None: each device's default).
+    ``precision``: every model's compute precision (``"fp32"``...; None: each device's default); ``quantize``:
+    every model's weight quantization (``"int8"``, ``"int4"``, ``"fp8"``; None: float weights).
     """
 
     models: Path | None = None
@@ -48,6 +49,8 @@ class ServeConfig:
     low_memory: bool | None = False
     #: the compute precision of every model (``sdrt.load``'s ``precision=``); None: each device's default
     precision: str | None = None
+    #: every model's weight quantization (``pipelines.load``'s ``quantize=``: "int8", "int4", "fp8"); None: float
+    quantize: str | None = None
     default_model: str | None = None
     checkpoint_base: str | None = None  # a model folder that .safetensors checkpoints bind onto (None: their own)
     cors_origins: tuple[str, ...] = ()  # browser origins allowed to call the API (A1111's --cors-allow-origins)
@@ -75,6 +78,10 @@ class ServeConfig:
             from ..precision import precision_name
 
             object.__setattr__(self, "precision", precision_name(self.precision, where="ServeConfig(precision=...)"))
+        if self.quantize is not None:  # likewise
+            from ..quantization import parse
+
+            parse(self.quantize, "ServeConfig(quantize=...)")
 
 
 __all__ = ["Limits", "ServeConfig"]

@@ -173,7 +173,7 @@ def deployment(config: ServeConfig, *, replicas: int | None = None, gpus_per_rep
 
 def app_builder(args: dict[str, str]) -> Any:
     """For ``serve run sdrt.serve.ray_app:app_builder key=value ...``: models, lora_dir, embedding_dir, vae_dir,
-    text_encoder_dir, backend, device, precision, replicas, gpus_per_replica, api_auth, api_token."""
+    text_encoder_dir, backend, device, precision, quantize, replicas, gpus_per_replica, api_auth, api_token."""
     from .auth import parse_api_auth
 
     def folder(key: str) -> Path | None:
@@ -182,7 +182,7 @@ def app_builder(args: dict[str, str]) -> Any:
     config = ServeConfig(models=folder("models"), lora_dir=folder("lora_dir"), embedding_dir=folder("embedding_dir"),
                          vae_dir=folder("vae_dir"), text_encoder_dir=folder("text_encoder_dir"),
                          backend=args.get("backend", "auto"), devices=(args.get("device"),),
-                         precision=args.get("precision") or None,
+                         precision=args.get("precision") or None, quantize=args.get("quantize") or None,
                          auth=parse_api_auth(args["api_auth"]) if args.get("api_auth") else (),
                          tokens=(args["api_token"],) if args.get("api_token") else ())
     return deployment(config, replicas=int(args.get("replicas", 1)),

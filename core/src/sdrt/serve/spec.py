@@ -32,6 +32,8 @@ class PipelineSpec:
     text_encoders: tuple[Path, ...] = ()
     #: the compute precision (``sdrt.load``'s ``precision=``); None: the device's default
     precision: str | None = None
+    #: the weight quantization (``pipelines.load``'s ``quantize=``); None: float weights
+    quantize: str | None = None
 
     def build(self) -> Any:
         """A ready ``sdrt.pipelines.Pipeline`` (its parts compile on first use)."""
@@ -39,7 +41,7 @@ class PipelineSpec:
 
         with _BUILD_LOCK:
             parts = {"vae": self.vae, "text_encoders": self.text_encoders} if self.weights is None else {}
-            compute = {"precision": self.precision} if self.precision else {}
+            compute = {k: v for k, v in (("precision", self.precision), ("quantize", self.quantize)) if v}
             pipe = pipelines.load(self.folder, backend=self.backend, device=self.device, low_memory=self.low_memory,
                                   **parts, **compute)
             if self.weights is not None:

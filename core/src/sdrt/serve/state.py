@@ -73,7 +73,7 @@ class ServerState:
     def spec_for(self, model: ModelEntry, device: str | None) -> PipelineSpec:
         return PipelineSpec(model.path, self.config.backend, device, self.config.lora_dir,
                             tuple(self.registry.embeddings.values()), self.config.low_memory, model.weights,
-                            model.vae, model.text_encoders, self.config.precision)
+                            model.vae, model.text_encoders, self.config.precision, self.config.quantize)
 
     # ---------------------------------------------------------------- A1111 options
     def default_options(self) -> dict[str, Any]:
