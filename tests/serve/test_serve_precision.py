@@ -59,37 +59,34 @@ def test_the_quantize_flag_is_checked_before_the_server_starts() -> None:
     assert caught.value.where == "--quantize"
 
 
-@needs_server
-def test_a_served_image_has_the_servers_quantized_weights() -> None:
+def _served_and_api(backend: str, steps: int, seed: int, **options) -> tuple[np.ndarray, np.ndarray]:
+    """The image a server with ``ServeConfig(backend=..., **options)`` answers to one txt2img, and the one
+    ``pipelines.load(..., **options)`` makes for the same job (its parts checked to have compiled with them)."""
     from sdrt.serve import ServeConfig
 
-    register("reference")
-    job = {"prompt": "a red circle on a blue background", "steps": 2, "seed": 5, "width": 64, "height": 64,
+    job = {"prompt": "a red circle on a blue background", "steps": steps, "seed": seed, "width": 64, "height": 64,
            "sampler_name": "Euler"}
-    with live_server(ServeConfig(backend="reference", quantize="int8")) as url, httpx.Client(base_url=url,
-                                                                                          timeout=300) as c:
+    with live_server(ServeConfig(backend=backend, **options)) as url, httpx.Client(base_url=url, timeout=300) as c:
         r = c.post("/sdapi/v1/txt2img", json=job)
         assert r.status_code == 200, r.text
         got = png_rgb(r.json()["images"][0])
-    with pipelines.load(pipelines.DEMO_MODEL, backend="reference", quantize="int8") as pipe:
-        want = pipe.generate(job["prompt"], steps=2, seed=5, width=64, height=64, sampler="Euler").images[0]
+    with pipelines.load(pipelines.DEMO_MODEL, backend=backend, **options) as pipe:
+        if "precision" in options:
+            assert {part.options.get("precision") for part in pipe._parts.values()} == {options["precision"]}
+        want = pipe.generate(job["prompt"], steps=steps, seed=seed, width=64, height=64, sampler="Euler").images[0]
+    return got, want
+
+
+@needs_server
+def test_a_served_image_has_the_servers_quantized_weights() -> None:
+    register("reference")
+    got, want = _served_and_api("reference", 2, 5, quantize="int8")
     assert np.array_equal(got, want)
 
 
 @needs_server
 def test_a_served_image_is_computed_at_the_servers_precision(monkeypatch) -> None:
-    from sdrt.serve import ServeConfig, create_app  # noqa: F401 - create_app: live_server's
-
     register("openvino")
     monkeypatch.setenv("SDRT_PRECISION", "bf16")
-    job = {"prompt": "a red circle on a blue background", "steps": 3, "seed": 7, "width": 64, "height": 64,
-           "sampler_name": "Euler"}
-    with live_server(ServeConfig(backend="openvino", precision="fp32")) as url, httpx.Client(base_url=url,
-                                                                                         timeout=300) as c:
-        r = c.post("/sdapi/v1/txt2img", json=job)
-        assert r.status_code == 200, r.text
-        got = png_rgb(r.json()["images"][0])
-    with pipelines.load(pipelines.DEMO_MODEL, backend="openvino", precision="fp32") as pipe:
-        assert {part.options.get("precision") for part in pipe._parts.values()} == {"fp32"}
-        want = pipe.generate(job["prompt"], steps=3, seed=7, width=64, height=64, sampler="Euler").images[0]
+    got, want = _served_and_api("openvino", 3, 7, precision="fp32")
     assert np.array_equal(got, want)
