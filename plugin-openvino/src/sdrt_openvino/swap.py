@@ -53,6 +53,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from sdrt.weights.pages import release as release_pages
+
 from . import convert
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -144,6 +146,7 @@ class Rebinder:
                         raise NotSwappable(f"weight {name!r} has {raw.nbytes} bytes, the compiled model {nbytes}")
                     f.seek(offset)
                     f.write(memoryview(raw).cast("B"))
+                    release_pages([arrays[name]])  # a mapped weight's pages read for the file leave the RSS
             written = time.perf_counter()
             compiled = core.import_model(self.blob, self.device_id, {**self.props, **_WEIGHTLESS_PROPS,
                                                                      "WEIGHTS_PATH": path})
