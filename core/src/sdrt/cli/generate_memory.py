@@ -44,7 +44,7 @@ def options(args: argparse.Namespace) -> dict[str, Any]:
         out["memory"] = parse_memory(args.memory, "--memory")
     if args.share_blocks:
         out["share_blocks"] = True
-    if args.quantize is not None:
+    if getattr(args, "quantize", None) is not None:  # (a caller's namespace may lack the newer flags)
         out["quantize"] = quantize_option(args.quantize)
     placement = {k: "cpu" for k, on in (("text", getattr(args, "text_on_cpu", False)),
                                         ("vae", getattr(args, "vae_on_cpu", False))) if on}
