@@ -6,6 +6,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
+import onnx
 import pytest
 
 import sdrt
@@ -24,9 +25,15 @@ def _ggml_to_float(kind: str, rows: np.ndarray, n: int, k: int) -> np.ndarray:
     return out.reshape(n, k)
 
 
-class _Node:
-    def __init__(self, **attrs):
-        self.attribute = [type("A", (), {"name": k, "i": v})() for k, v in attrs.items()]
+def _dql(axis: int, block: int = 0):
+    attrs = {"axis": axis, **({"block_size": block} if block else {})}
+    return onnx.helper.make_node("DequantizeLinear", ["q", "s"], ["w"], name="dq", **attrs)
+
+
+def _reference(node, ins):  # onnx's reference op: the independent value
+    from sdrt.lowering import fold_node
+
+    return fold_node(node, ins, {"": 21})[0]
 
 
 @pytest.mark.parametrize("scheme,block,trans", [("int8", 0, False), ("int8", 0, True), ("int4", 32, False),
@@ -36,20 +43,31 @@ def test_blocks_hold_the_dequantized_values_exactly(scheme, block, trans):
     w = np.random.default_rng(3).standard_normal((n, k) if trans else (k, n)).astype(np.float32)
     k_axis, n_axis = (1, 0) if trans else (0, 1)
     q, s = Q.quantize_array(w, scheme, axis=n_axis, red=k_axis, block_size=block or 32)
-    axis = k_axis if block else n_axis
-    values = Q.dequantize_array(q, s, axis, block)
-    tagged = quant.tag(values, _Node(axis=axis, **({"block_size": block} if block else {})), [q, s])
-    kind, rows = quant.blocks(tagged, k_axis)
-    assert kind == {"int8": "Q8_0", "int4": "Q4_0"}[scheme]
-    got = _ggml_to_float(kind, rows, n, k)
+    node = _dql(k_axis if block else n_axis, block)
+    values = _reference(node, [q, s])
+    bm = quant.fold(node, [q, s])
+    assert bm.ggml_type == {"int8": "Q8_0", "int4": "Q4_0"}[scheme]
+    assert bm.shape == values.shape and bm.transposed == (k_axis == 0)
+    got = _ggml_to_float(bm.ggml_type, bm.data, n, k)  # ggml's own C dequantizer
     np.testing.assert_array_equal(got, values if trans else values.T)
+    np.testing.assert_array_equal(bm.dequantize(), values)  # what other ops read
 
 
-def test_what_does_not_map_stays_float():
-    q, s = Q.quantize_array(np.ones((48, 8), np.float32), "int4", axis=1, red=0, block_size=16)
-    values = Q.dequantize_array(q, s, 0, 16)
-    assert quant.blocks(quant.tag(values, _Node(axis=0, block_size=16), [q, s]), 0) is None  # blocks of 16
-    assert quant.blocks(values, 0) is None  # a plain float weight
+def test_what_does_not_map_folds_to_the_reference_values():
+    rng = np.random.default_rng(4)
+    q, s = Q.quantize_array(rng.standard_normal((48, 8)).astype(np.float32), "int4", axis=1, red=0, block_size=16)
+    cases = [
+        (_dql(0, 16), [q, s]),  # blocks of 16: not ggml's 32
+        (_dql(1), [rng.integers(-127, 127, (4, 40), dtype=np.int8), np.full(40, 0.1, np.float32)]),  # K = 4
+        (_dql(1), [rng.integers(0, 255, (64, 8), dtype=np.uint8), np.full(8, 0.3, np.float32),
+                   np.full(8, 128, np.uint8)]),  # uint8 with a zero point
+        (_dql(1), [rng.integers(-127, 127, (64, 8), dtype=np.int8), np.float32(0.25)]),  # per tensor
+        (_dql(0), [rng.integers(-127, 127, (8, 3, 3, 3), dtype=np.int8), np.linspace(0.1, 1, 8, dtype=np.float32)]),
+    ]
+    for node, ins in cases:
+        got = quant.fold(node, ins)
+        assert isinstance(got, np.ndarray) and got.dtype == np.float32
+        np.testing.assert_array_equal(got, _reference(node, ins))
 
 
 @pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in-transposed"])

@@ -112,7 +112,7 @@ class Lowered:
     rewrite_hits: dict[str, int] = field(default_factory=dict)
     #: which implementation each op got, where there is a choice ("conv window": 12, ...)
     impl_hits: dict[str, int] = field(default_factory=dict)
-    #: GGUF block weights (``BlockMatrix``) by type: kept as ggml blocks for mul_mat, or dequantized (other uses)
+    #: block weights (``BlockMatrix``: a GGUF file's, quant.py's) by type: kept as ggml blocks for mul_mat, or dequantized (other uses)
     blocks_kept: dict[str, int] = field(default_factory=dict)
     blocks_dequantized: dict[str, int] = field(default_factory=dict)
 
@@ -392,7 +392,7 @@ class Lowering:
                 )
             self.out.outputs[name] = self.values[name]
         if self.out.blocks_kept or self.out.blocks_dequantized:
-            log.info("GGUF block weights: %s", "; ".join(
+            log.info("block weights: %s", "; ".join(
                 [f"{n} {t} kept for ggml's quantized mul_mat" for t, n in sorted(self.out.blocks_kept.items())]
                 + [f"{n} {t} dequantized to float32 (read by other ops)"
                    for t, n in sorted(self.out.blocks_dequantized.items())]))
@@ -427,11 +427,9 @@ class Lowering:
                 name = self._init_ids.get(id(v))
                 if name is not None:
                     self.out.folded_inits.add(name)
-            outs = fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
-            if node.op_type == "DequantizeLinear":  # a quantized weight: ggml's matmuls may take its blocks
-                outs = [quant.tag(outs[0], node, ins)]
-            elif node.op_type == "Transpose":  # a quantized [out, in] weight transposed for its MatMul: the same
-                outs = [quant.transposed(outs[0], node, ins[0])]
+            # a quantized weight: ggml blocks where they hold it (quant.py), else its float32 values
+            folded = quant.fold(node, ins) if node.op_type == "DequantizeLinear" else None
+            outs = [folded] if folded is not None else fold_node(node, ins, self.opsets)  # type: ignore[arg-type]
         elif node.op_type in FOLD_ONLY and node.op_type not in REGISTRY:
             if not self._only_nan_guards(node):
                 raise unsupported(node, f"{node.op_type} on a runtime tensor (only constant inputs are supported)")

@@ -1,91 +1,95 @@
 """ONNX quantized weights as ggml's own block types, for ggml's quantized matmuls.
 
-A ``DequantizeLinear`` whose inputs are all initializers is folded while lowering (its float32
-values stay available to any op); ``tag`` keeps the stored integers and scales beside that array.
-When the folded weight is the B of a MatMul (or Gemm), ``blocks`` re-packs it without loss as:
+A ``DequantizeLinear`` whose inputs are all initializers is folded while lowering by ``fold``. A 2-D
+weight whose layout maps onto ggml's blocks becomes a ``BlockMatrix``, the form a GGUF file's weights
+take, so the lowering treats both alike: a MatMul or Gemm reading it along its blocks runs ggml's
+quantized mul_mat on them, a Transpose flips a flag, and any other op reads its float32 values
+(``Lowering.dequantized``). The float32 values of such a weight are never made otherwise; they used to
+be, for every weight (the whole model's float32 copy, and most of a quantized model's load time).
 
 - ``Q8_0`` (blocks of 32 int8 with one fp16 scale): int8 per output channel (each block takes its
   channel's scale) or int8 in blocks of a multiple of 32;
 - ``Q4_0`` (blocks of 32 4-bit values, ``(q + 8)`` nibbles, one fp16 scale): int4 in blocks of a
   multiple of 32 along the reduction axis.
 
-sdrt's quantizer rounds scales to fp16 values, so both are exact; a scale that fp16 cannot hold, a
-zero point, or a layout that does not map (the reduction axis not whole blocks of 32) leaves the
-float32 weight in place. ggml's quantized matmul quantizes the activations to 8-bit blocks on the fly
-(``vec_dot_q4_0_q8_0``: as llama.cpp and stable-diffusion.cpp run), so its results match the
-reference within that rounding, not bit for bit.
+The reduction axis is the quantization's own: per-channel scales run along the output channels (the
+other axis is K), blocks along K. sdrt's quantizer rounds scales to fp16 values, so both are exact; a
+scale that fp16 cannot hold, a zero point, or a layout that does not map (K not whole blocks of 32)
+folds to float32 values (in numpy, one pass). ggml's quantized matmul quantizes the activations to
+8-bit blocks on the fly (``vec_dot_q4_0_q8_0``: as llama.cpp and stable-diffusion.cpp run), so its
+results match the reference within that rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from sdrt.weights.blocks import BlockMatrix
+
 QK = 32
+_FLOAT = 1  # TensorProto.FLOAT
 
 
-class QuantArray(np.ndarray):
-    """A folded DequantizeLinear's float32 values, with the quantized form they came from."""
-
-    quant: Quantized | None = None
-
-
-@dataclass(frozen=True)
-class Quantized:
-    values: np.ndarray  # int8 or ml_dtypes.int4
-    scale: np.ndarray  # float32
-    axis: int
-    block_size: int
-
-
-def tag(out: np.ndarray, node: Any, ins: list[Any]) -> np.ndarray:
-    """``out`` (the folded value) carrying the quantized inputs of ``node``, when ggml could use them."""
-    if len(ins) > 2 and ins[2] is not None and np.any(np.asarray(ins[2]).astype(np.int64) != 0):
-        return out  # zero points: not a symmetric block type
-    q, scale = np.asarray(ins[0]), np.asarray(ins[1], np.float32)
-    if q.ndim != 2 or q.dtype.name not in ("int8", "int4") or out.dtype != np.float32:
-        return out
+def fold(node: Any, ins: list[Any]) -> BlockMatrix | np.ndarray | None:
+    """The constant ``DequantizeLinear`` ``node`` on ``ins``: ggml blocks when they hold its values exactly,
+    else its float32 values; None where onnx's reference op should fold it (another output type)."""
     at = {a.name: a.i for a in node.attribute}
-    arr = np.asarray(out).view(QuantArray)
-    arr.quant = Quantized(q, scale, int(at.get("axis", 1)) % 2, int(at.get("block_size", 0)))
-    return arr
-
-
-def transposed(out: np.ndarray, node: Any, src: Any) -> np.ndarray:
-    """``out``, a folded 2-D ``Transpose`` of the tagged weight ``src``, carrying ``src``'s quantized form read the
-    other way (a linear weight in torch's [out, in] layout that the graph transposes for its MatMul)."""
-    qz = getattr(src, "quant", None)
-    perm = next((list(a.ints) for a in node.attribute if a.name == "perm"), [1, 0])
-    if qz is None or np.ndim(out) != 2 or perm != [1, 0] or out.dtype != np.float32:
-        return out
-    arr = np.asarray(out).view(QuantArray)
-    arr.quant = Quantized(qz.values.T, qz.scale.T if qz.block_size else qz.scale, 1 - qz.axis, qz.block_size)
-    return arr
-
-
-def blocks(w: Any, k_axis: int) -> tuple[str, np.ndarray] | None:
-    """(ggml type name, rows of blocks: (N, K/32 * bytes per block) uint8) for the 2-D weight ``w`` whose
-    reduction axis is ``k_axis``, or None when it is not a quantized weight that maps exactly."""
-    qz = getattr(w, "quant", None)
-    if qz is None:
+    q = np.asarray(ins[0])
+    scale = np.asarray(ins[1])
+    zp = ins[2] if len(ins) > 2 else None
+    if scale.dtype != np.float32 or at.get("output_dtype", _FLOAT) != _FLOAT:
         return None
-    q = qz.values
+    if q.dtype.kind not in "iu" and q.dtype.name not in ("int4", "uint4"):
+        return None  # float8 / float4 storage
+    axis = int(at.get("axis", 1)) % max(q.ndim, 1)
+    block = int(at.get("block_size", 0))
+    if zp is None or not np.any(np.asarray(zp).astype(np.int64)):
+        bm = _blocks(q, scale, axis, block, node.name)
+        if bm is not None:
+            return bm
+    return _values(q, scale, zp, axis, block)
+
+
+def _per_axis(a: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
+    """A scale or zero point broadcastable against ``shape``: per tensor, per ``axis``, or in blocks along it."""
+    if a.ndim == 0 or a.size == 1 and not block:
+        return a.reshape(())
+    if block:
+        return np.repeat(a, block, axis=axis)[tuple(slice(0, d) for d in shape)]
+    view = [1] * len(shape)
+    view[axis] = a.size
+    return a.reshape(view)
+
+
+def _values(q: np.ndarray, scale: np.ndarray, zp: Any, axis: int, block: int) -> np.ndarray:
+    """float32 ``(q - zp) * scale``: one array, computed in place."""
+    y = q.astype(np.float32)
+    if zp is not None:
+        y -= _per_axis(np.asarray(zp).astype(np.float32), q.shape, axis, block)
+    y *= _per_axis(scale, q.shape, axis, block)
+    return y
+
+
+def _blocks(q: np.ndarray, s: np.ndarray, axis: int, block: int, source: str) -> BlockMatrix | None:
+    """``q`` (2-D int8 or int4) times ``s`` as rows of Q8_0 / Q4_0 blocks, or None when they cannot hold it."""
+    if q.ndim != 2 or q.dtype.name not in ("int8", "int4"):
+        return None
+    if block:
+        k_axis = axis
+        if block % QK or s.shape[k_axis] * block != q.shape[k_axis]:
+            return None
+        per_k = np.repeat(s, block // QK, axis=k_axis)  # one scale per 32 along K
+        d = per_k if k_axis == 1 else per_k.T  # (N, K/32)
+    else:
+        k_axis = 1 - axis
+        if s.shape != (q.shape[axis],):
+            return None  # per tensor: no axis says which is K
+        d = np.repeat(s[:, None], q.shape[k_axis] // QK, axis=1)
     k = q.shape[k_axis]
     if k % QK:
         return None
-    n_axis = 1 - k_axis
-    s = qz.scale
-    if qz.block_size:
-        if qz.axis != k_axis or qz.block_size % QK:
-            return None
-        per_k = np.repeat(s, qz.block_size // QK, axis=k_axis)  # one scale per 32 along K
-        d = per_k if k_axis == 1 else per_k.T  # (N, K/32)
-    else:
-        if qz.axis != n_axis or s.shape != (q.shape[n_axis],):
-            return None
-        d = np.repeat(s[:, None], k // QK, axis=1)
     d16 = d.astype(np.float16)
     if not np.array_equal(d16.astype(np.float32), d):
         return None  # not exact in fp16
@@ -94,13 +98,12 @@ def blocks(w: Any, k_axis: int) -> tuple[str, np.ndarray] | None:
     vals = rows.reshape(n, k // QK, QK)
     head = np.ascontiguousarray(d16).view(np.uint8).reshape(n, k // QK, 2)
     if q.dtype.name == "int8":
-        body = vals.view(np.uint8)
-        kind = "Q8_0"
+        body, kind = vals.view(np.uint8), "Q8_0"
     else:
         nib = (vals + 8).astype(np.uint8)
-        body = nib[..., :16] | (nib[..., 16:] << 4)
-        kind = "Q4_0"
-    return kind, np.ascontiguousarray(np.concatenate([head, body], axis=2).reshape(n, -1))
+        body, kind = nib[..., :16] | (nib[..., 16:] << 4), "Q4_0"
+    data = np.ascontiguousarray(np.concatenate([head, body], axis=2).reshape(n, -1))
+    return BlockMatrix(kind, data, n, k, transposed=k_axis == 0, source=f"DequantizeLinear {source}".strip())
 
 
 # -- GGUF block types kept as stored ------------------------------------------------------------------

@@ -90,8 +90,19 @@ class BlockMatrix:
 
 
 def dequantize_rows(data: np.ndarray, type_name: str, cols: int) -> np.ndarray:
-    """float32 values of rows of ggml blocks (``(rows, bytes per row)`` uint8) of type ``type_name``, by the
-    ``gguf`` package's dequantizer (a GGUF file was read with it, so it is installed)."""
+    """float32 values of rows of ggml blocks (``(rows, bytes per row)`` uint8) of type ``type_name``: Q8_0 and
+    Q4_0 here (the blocks sdrt's own int8/int4 weights take, where ``gguf`` may not be installed), every other
+    type by the ``gguf`` package's dequantizer (a GGUF file was read with it, so it is installed)."""
+    if type_name in ("Q8_0", "Q4_0"):
+        blocks = np.asarray(data).reshape(-1, 34 if type_name == "Q8_0" else 18)
+        d = np.ascontiguousarray(blocks[:, :2]).view(np.float16).astype(np.float32)  # (blocks, 1)
+        if type_name == "Q8_0":
+            q = blocks[:, 2:].view(np.int8).astype(np.float32)
+        else:  # low nibbles hold values 0-15 of a block, high nibbles 16-31, each stored as q + 8
+            nib = blocks[:, 2:]
+            q = np.concatenate([nib & 0x0F, nib >> 4], axis=1).astype(np.float32) - 8
+        q *= d
+        return q.reshape(-1, cols)
     import gguf
     from gguf import quants
 

@@ -27,7 +27,7 @@ import numpy as np
 
 from sdrt.weights.blocks import BlockMatrix
 
-from .. import half, native, quant
+from .. import half, native
 from . import op
 from ._common import (
     GTensor,
@@ -161,7 +161,7 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     if isinstance(a, np.ndarray):
         a = lowering.const(a)
     assert isinstance(a, GTensor)
-    if isinstance(b, BlockMatrix):  # a GGUF file's blocks, kept (lower.py decided)
+    if isinstance(b, BlockMatrix):  # a GGUF file's or a quantized weight's blocks, kept (lower.py decided)
         return blocks_mul_mat(lowering, a, b)
     squeeze_a = a.rank == 1
     squeeze_b = np.ndim(b) == 1 if isinstance(b, np.ndarray) else b.rank == 1
@@ -173,15 +173,6 @@ def matmul(lowering: Any, a: Value, b: Value) -> GTensor:
     m, n = a.shape[-2], bshape[-1]
     batch = broadcast_shape(a.shape[:-2], bshape[:-2])
     k = a.shape[-1]
-    qb = quant.blocks(b, 0) if isinstance(b, np.ndarray) and b.ndim == 2 and len(batch) <= 2 else None
-    if qb is not None and a.dtype == "float32":  # a quantized weight: ggml's own block matmul
-        w = lowering.const_blocks(b, qb[0], qb[1], k)
-        out = GTensor(ggml_lib().ggml_mul_mat(lowering.ctx, w.ptr, cont(lowering, a).ptr), batch + (m, n))
-        if squeeze_a:
-            out = reshape(lowering, out, batch + (n,))
-        if squeeze_b:
-            out = reshape(lowering, out, out.shape[:-1])
-        return out
     nat = native.for_lowering(lowering)
     halved = half.kind(lowering) is not None and isinstance(b, np.ndarray) and a.dtype == "float32"
     if halved and b.ndim == 2 and native.bf16_for(lowering):
@@ -237,13 +228,8 @@ def op_gemm(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     g = ggml_lib()
     nat = native.for_lowering(lowering)
     trans_b = bool(at.get("transB", 0))
-    qb = quant.blocks(b_, 1 if trans_b else 0) if isinstance(b_, np.ndarray) and b_.ndim == 2 else None
-    if isinstance(b_, BlockMatrix):  # a GGUF file's blocks, kept (lower.py decided)
+    if isinstance(b_, BlockMatrix):  # a GGUF file's or a quantized weight's blocks, kept (lower.py decided)
         y = blocks_mul_mat(lowering, a_, b_)
-    elif qb is not None:  # a quantized weight: ggml's own block matmul
-        a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
-        w = lowering.const_blocks(b_, qb[0], qb[1], a.shape[1])
-        y = GTensor(g.ggml_mul_mat(lowering.ctx, w.ptr, a.ptr), (a.shape[0], w.shape[0]))
     elif (half.kind(lowering) and isinstance(b_, np.ndarray) and b_.ndim == 2
           and not native.bf16_for(lowering)):  # bf16/fp16 weights on ggml's mul_mat (half.py)
         a = cont(lowering, lowering.const(a_) if isinstance(a_, np.ndarray) else a_)
