@@ -67,3 +67,29 @@ def test_saving_a_mapped_graph_writes_its_weights_inline_even_over_its_own_file(
     Graph.load(p).save(other / "copy.onnx")  # elsewhere too: self-contained
     np.testing.assert_array_equal(Graph.load(other / "copy.onnx", load_external=True).initializer_arrays()["big"],
                                   numpy_helper.to_array(model.graph.initializer[0]))
+
+
+def test_packed_4bit_initializers_read_from_the_file_as_onnx_reads_them(tmp_path):
+    """ONNX stores INT4/UINT4/FLOAT4E2M1 two values a byte: a large one, left in the .onnx file or in external data,
+    is unpacked (it was viewed byte for byte, and `--quantize int4` on any real model ended in a traceback)."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(5)
+    n = 2 * MAP_INLINE_MIN_BYTES + 7  # over the threshold once packed, and odd
+    values = {"i4": rng.integers(-8, 8, n).astype(ml_dtypes.int4),
+              "u4": rng.integers(0, 16, n).astype(ml_dtypes.uint4),
+              "f4": rng.choice([0, 0.5, 1, 1.5, -2, 3, -4, 6], n).astype(ml_dtypes.float4_e2m1fn)}
+    inits = [numpy_helper.from_array(v, k) for k, v in values.items()]
+    nodes = [helper.make_node("Cast", [k], [f"{k}_f"], to=TensorProto.FLOAT) for k in values]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(f"{k}_f", TensorProto.FLOAT, [n])
+                                               for k in values], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)])
+    inline, external = tmp_path / "inline.onnx", tmp_path / "external.onnx"
+    onnx.save(model, inline)
+    onnx.save(model, external, save_as_external_data=True, location="external.onnx.data", size_threshold=0)
+    for p in (inline, external):
+        arrays = Graph.load(p).initializer_arrays()
+        for init in onnx.load(p).graph.initializer:
+            expected = numpy_helper.to_array(init, base_dir=str(tmp_path))
+            assert arrays[init.name].dtype == expected.dtype and arrays[init.name].shape == (n,)
+            np.testing.assert_array_equal(arrays[init.name].view(np.uint8), expected.view(np.uint8))

@@ -418,7 +418,25 @@ def map_external(ref: ExternalRef, dtype: np.dtype, shape: tuple[int, ...], wher
                          fix="check the file") from exc
     from ..stamps import mark
 
+    if dtype.name in _PACKED_4BIT_NAMES:  # two values a byte, the first in the low nibble: unpacked (a copy)
+        return mark(_unpack_4bit(np.asarray(arr), dtype, shape, where), ref.path, ref.stamp)
     return mark(np.asarray(arr).view(dtype).reshape(shape), ref.path, ref.stamp)
+
+
+#: numpy (ml_dtypes) names of the 4-bit types ONNX stores two to a byte
+_PACKED_4BIT_NAMES = frozenset({"int4", "uint4", "float4_e2m1fn"})
+
+
+def _unpack_4bit(packed: np.ndarray, dtype: np.dtype, shape: tuple[int, ...], where: str) -> np.ndarray:
+    """The 4-bit values of ``packed`` bytes as ``dtype`` (one byte each, as numpy holds them), in ``shape``."""
+    count = math.prod(shape)
+    if packed.size != (count + 1) // 2:
+        raise ModelError(f"external data of {packed.size} bytes does not hold {count} 4-bit values",
+                         where=where, fix="re-export the model (the file may be corrupt)")
+    out = np.empty(packed.size * 2, np.uint8)
+    np.bitwise_and(packed, 0x0F, out=out[0::2])
+    np.right_shift(packed, 4, out=out[1::2])
+    return out[:count].view(dtype).reshape(shape)
 
 
 def tensor_array(t: Any, where: str) -> np.ndarray:
