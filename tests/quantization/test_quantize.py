@@ -149,6 +149,36 @@ def test_load_option_is_cached(backends, unet, unet_feeds, tmp_path):
     assert len(list((tmp_path / "cache" / "quantized").iterdir())) == 2
 
 
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+def test_a_large_int4_weight_loads_from_the_cache(backends, tmp_path, backend):
+    """A quantized weight of 1 MiB or more is read back from the cached graph by mapping the file; int4 is packed
+    two values a byte there (every real model's `--quantize int4` ended in a reshape traceback)."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt.graph.onnxfile import MAP_INLINE_MIN_BYTES
+
+    if backend not in backends.backends:
+        pytest.skip(f"sdrt-{backend} is not installed")
+    k, n = 2048, 2 * MAP_INLINE_MIN_BYTES // 2048 + 64  # over the threshold once packed
+    rng = np.random.default_rng(6)
+    w = (rng.standard_normal((k, n)) / np.sqrt(k)).astype(np.float32)
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "mm",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, n])],
+                              [numpy_helper.from_array(w, "w")])
+    path = tmp_path / "mm.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path)
+    x = rng.standard_normal((3, k)).astype(np.float32)
+    q, s = Q.quantize_array(w, "int4", axis=1, red=0, block_size=32)
+    expected = x @ Q.dequantize_array(q, s, 0, 32)
+    for _ in range(2):  # quantizes and writes the cache, then reads it
+        opts = {} if backend == "reference" else {"precision": "fp32"}
+        y = sdrt.load(path, backend=backend, quantize="int4", **opts).run({"x": x})["y"]
+        # ggml rounds the activations to 8-bit blocks for its quantized matmul
+        np.testing.assert_allclose(y, expected, atol=3e-2 if backend == "ggml" else 1e-4)
+
+
 @pytest.mark.parametrize("transposed", [False, True], ids=["in-out", "out-in-transposed"])
 @pytest.mark.parametrize("scheme", ["int8", "int4-16", "fp8"])
 def test_openvino_keeps_weights_compressed_and_exact(backends, unet, unet_transposed, unet_feeds, scheme, transposed):

@@ -102,6 +102,16 @@ def _bind_sixteen_bit(model: ov.Model, kind: str | None, release: Callable[[], A
     return model
 
 
+def _properties(opts: Options, device: Device) -> dict[str, Any]:
+    """OpenVINO's properties for a compile, a cache hit's import and a swap alike: the options', and at float32 on
+    the CPU no dynamic int8 quantization of the activations of i8/i4 weights' matmuls (exact, as asked; an import
+    without it computed them ~1e-2 off the compile it came from)."""
+    props = opts.properties()
+    if opts.precision == "f32" and device.id.startswith("CPU"):
+        props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+    return props
+
+
 class _LazyConversion:
     """The ``ov.Model`` of a graph, converted on first use: a cache hit needs none until update_weights."""
 
@@ -346,9 +356,7 @@ class OpenVINOBackend(Backend):
 
     def _compile(self, graph: Graph, arrays: dict[str, np.ndarray], device: Device, opts: Options) -> Session:
         core = self.core
-        props = opts.properties()
-        if opts.precision == "f32" and device.id.startswith("CPU"):  # exact: no int8 activations for i8/i4 weights
-            props["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = 0
+        props = _properties(opts, device)
         lazy = _LazyConversion(core, graph, lambda: arrays)
         staged = self._staging(device, opts)
 
@@ -415,7 +423,7 @@ class OpenVINOBackend(Backend):
             release_pages(converted.maps)
         swappable = opts.swappable is not False
         return OpenVINOSession(graph, arrays, lazy, compiled, compile_, lambda a: convert.read(core, graph, a),
-                               device.id, core=core if swappable else None, props=opts.properties(),
+                               device.id, core=core if swappable else None, props=_properties(opts, device),
                                rebinder=rebinder, store=self._swap_store(graph, device, opts) if swappable else None)
 
     def _swap_store(self, graph: Graph, device: Device, opts: Options) -> swap.Store | None:
@@ -542,14 +550,14 @@ class OpenVINOBackend(Backend):
         if offset is None:
             raise UnusableEntry("its blob has a header this plugin does not know")
         blob = np.memmap(entry.file(BLOB), dtype=np.uint8, mode="c", offset=offset)
-        compiled = core.import_model(ov.Tensor(blob, shared_memory=True), device.id, opts.properties())
+        compiled = core.import_model(ov.Tensor(blob, shared_memory=True), device.id, _properties(opts, device))
         lazy = _LazyConversion(core, graph, lambda: session._arrays)  # the session's own, resolved once
 
         def compile_(model: ov.Model | None = None) -> Any:
             model = model if model is not None else lazy().model
             model = _bind_sixteen_bit(model, _sixteen_bit(opts, session._arrays, device), lambda: None)
             try:
-                return core.compile_model(model, device.id, opts.properties())
+                return core.compile_model(model, device.id, _properties(opts, device))
             except RuntimeError as exc:
                 raise self._compile_error(exc, graph, device, opts) from exc
 
