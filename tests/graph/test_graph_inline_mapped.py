@@ -93,3 +93,19 @@ def test_packed_4bit_initializers_read_from_the_file_as_onnx_reads_them(tmp_path
             expected = numpy_helper.to_array(init, base_dir=str(tmp_path))
             assert arrays[init.name].dtype == expected.dtype and arrays[init.name].shape == (n,)
             np.testing.assert_array_equal(arrays[init.name].view(np.uint8), expected.view(np.uint8))
+
+
+def test_a_model_file_linked_from_another_folder_maps_its_own_inline_weights(tmp_path):
+    """`unet/model.onnx` a symbolic link to a file elsewhere (a model assembled from parts): the weights left in that
+    file are its own bytes, not external data leading out of the folder (that was refused as such)."""
+    model = _model()
+    (tmp_path / "store").mkdir()
+    (tmp_path / "model" / "unet").mkdir(parents=True)
+    real = tmp_path / "store" / "unet-int8.onnx"
+    onnx.save(model, real)
+    link = tmp_path / "model" / "unet" / "model.onnx"
+    link.symlink_to(real)
+    g = Graph.load(link)
+    assert g.mapped_initializers == ["big"]
+    np.testing.assert_array_equal(g.initializer_arrays()["big"],
+                                  numpy_helper.to_array(model.graph.initializer[0]))

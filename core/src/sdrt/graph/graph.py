@@ -145,6 +145,8 @@ class Graph:
             folder = Path(base_dir) if base_dir is not None else path.parent
         stripped = any(p.key == STRIPPED_KEY for p in model.metadata_props)
         files: dict[str, Any] = {}  # each external-data file resolved and stat'ed once
+        if own and version is not None:  # the inline weights left in the file: the model file itself, read already
+            files[path.name] = (path, True, version, version[0])  # (a symlink to it leads nowhere else)
         refs = [(t, onnxfile.external_ref(t, folder, where, must_exist=load_external is True or not stripped,
                                           files=files))
                 for t in model.graph.initializer if onnxfile.uses_external(t)]
