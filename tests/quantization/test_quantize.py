@@ -468,3 +468,39 @@ def test_cli_generate_quantize_is_the_apis(backends, tmp_path, capsys):
         plain = pipe.generate("a red circle", steps=2, seed=4).images[0]
     got = np.asarray(Image.open(out).convert("RGB"))
     assert np.array_equal(got, want) and not np.array_equal(got, plain)
+
+
+@pytest.mark.parametrize("backend", ["reference", "openvino", "ggml"])
+@pytest.mark.parametrize("scheme", ["int8", "int4-16", "fp8"])
+def test_float_weights_bound_onto_a_quantized_session_are_quantized_as_it_holds_them(backends, unet, unet_feeds,
+                                                                                      scheme, backend):
+    """A LoRA on a quantized pipeline: the part binds all its weights by their float names, a few changed. The
+    session computes what the float model with those weights, quantized, computes (it refused them before)."""
+    from sdrt.graph import Graph
+    from sdrt.graph.protos import with_arrays
+    from sdrt.weights import Weights
+
+    if backend not in backends.backends:
+        pytest.skip(f"sdrt-{backend} is not installed")
+    if backend == "ggml" and scheme == "fp8":
+        pytest.skip("ggml has no fp8 type: the graph is dequantized at load, and float weights bind as they are")
+    opts = {} if backend == "reference" else {"precision": "fp32"}
+    if backend == "ggml":
+        opts["shapes"] = {"batch": 1, "sequence": 7}
+    held = Q.quantized_weights(Q.quantize(unet, *Q.parse(scheme)[:1], block_size=Q.parse(scheme)[1]))
+    base = Weights.from_graph(unet)
+    names = sorted(held)[:4]
+    changed = {n: (base[n] * 1.25 + 0.01).astype(np.float32) for n in names}
+    s = sdrt.load(unet, backend=backend, quantize=scheme, **opts)
+    before = s.run(unet_feeds)
+    s.update_weights(base.replaced(changed))
+    got = s.run(unet_feeds)
+    fresh = Graph(with_arrays(unet.model, {**unet.initializer_arrays(), **changed}), unet.path)
+    want = sdrt.load(fresh, backend=backend, quantize=scheme, **opts).run(unet_feeds)
+    for k in want:
+        moved = np.abs(before[k] - want[k]).max()
+        assert moved > 1e-3
+        assert np.abs(got[k] - want[k]).max() <= 1e-3 * moved
+    s.update_weights(base)  # the float model's own weights again: the graph's own quantized values
+    for k, v in s.run(unet_feeds).items():
+        np.testing.assert_allclose(v, before[k], atol=1e-6 * np.abs(before[k]).max())

@@ -38,7 +38,7 @@ from __future__ import annotations
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -108,6 +108,9 @@ class Session(ABC):
     graph: Graph | None
     #: ggml block types whose matmul weights ``update_weights`` passes as ``BlockMatrix`` (``Backend.weight_blocks``)
     weight_blocks: frozenset[str] = frozenset()
+    #: for a graph sdrt quantized (``sdrt.load(quantize=...)``): makes float weights bound by their float names fit
+    #: it, quantized as it holds them (``sdrt.quantization.Requantizer``)
+    requantize: Callable[[Weights], Weights] | None = None
 
     def __init__(self, inputs: Sequence[TensorInfo], outputs: Sequence[TensorInfo], *,
                  graph: Graph | None = None) -> None:
@@ -205,6 +208,8 @@ class Session(ABC):
         from .weights.resolve import bind as bind_weights
 
         self.check_files()  # a backend compares the new arrays with the mapped ones it holds: never on a changed file
+        if self.requantize is not None:
+            weights = self.requantize(weights)
         arrays = as_arrays(bind_weights(weights, self.graph, self.weight_blocks))
         self._update_weights(arrays)
         self.watch_weights(arrays)

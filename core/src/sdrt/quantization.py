@@ -396,6 +396,75 @@ def quantized_weights(graph: Graph) -> dict[str, dict[str, Any]]:
     return out
 
 
+class Requantizer:
+    """Float weights bound onto a session of a graph sdrt quantized (``sdrt.load(quantize=...)``): a pipeline binds
+    a part's weights by their float names (a LoRA merged into a UNet block, a checkpoint). Each weight the graph holds
+    quantized is quantized again as the graph holds it (scheme, axis, block size) and bound as its values and scale;
+    a weight whose float tensor is the one the graph was quantized from (the same bytes of the same file) keeps the
+    graph's own values, so an update that changes a few weights quantizes only those."""
+
+    def __init__(self, graph: Graph, source: Mapping[str, Any] | None) -> None:
+        from .weights import Weights
+
+        own = Weights.from_graph(graph)
+        #: float name -> (info, the graph's values ref, its scale ref) for each weight it holds quantized
+        self.held = {n: (i, own.ref(i["values"]), own.ref(i["scale"])) for n, i in quantized_weights(graph).items()
+                     if i["zero_point"] is None and i["values"] in own and i["scale"] in own}
+        refs = getattr(source, "ref", None)
+        #: float name -> where the float tensor the graph was quantized from lies (``TensorRef.origin``)
+        self.origins = {n: refs(n).origin for n in self.held if refs is not None and n in source}  # type: ignore
+
+    def __call__(self, weights: Any) -> Any:
+        from .weights import TensorRef, Weights
+
+        names = [n for n in weights if n in self.held]
+        if not names:
+            return weights
+        refs = {n: weights.ref(n) for n in weights if n not in self.held}
+        fresh = 0
+        for n in names:
+            info, values, scale = self.held[n]
+            origin = weights.ref(n).origin
+            if origin is not None and origin == self.origins.get(n) and weights.dtype is None:
+                refs[info["values"]], refs[info["scale"]] = values, scale
+                continue
+            fresh += 1
+            pair = _Lazy(lambda n=n, info=info: _requantize(weights[n], info))
+            refs[info["values"]] = TensorRef(info["values"], values.dtype, values.shape, "<requantized>",
+                                             lambda pair=pair: pair()[0])
+            refs[info["scale"]] = TensorRef(info["scale"], scale.dtype, scale.shape, "<requantized>",
+                                            lambda pair=pair: pair()[1])
+        log.info("binding %d float weights onto a quantized graph: %d quantized again", len(names), fresh)
+        return Weights(refs, sources=getattr(weights, "sources", ()))
+
+
+class _Lazy:
+    """A value computed on first use, then held."""
+
+    def __init__(self, make: Callable[[], Any]) -> None:
+        self._make: Callable[[], Any] | None = make
+        self._value: Any = None
+
+    def __call__(self) -> Any:
+        if self._make is not None:
+            self._value, self._make = self._make(), None
+        return self._value
+
+
+def _requantize(w: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``w`` quantized as the ``DequantizeLinear`` ``info`` (``quantized_weights``) reads its values."""
+    kind = {"int8": "int8", "int4": "int4", "float8_e4m3fn": "fp8"}.get(str(info["dtype"]))
+    if kind is None:
+        raise ModelError(f"a {info['dtype']} weight cannot be quantized again", where=str(info["node"]),
+                         fix="bind weights onto the float model, or quantize with sdrt (int8, int4, fp8)")
+    w = np.asarray(w, np.float32)
+    axis = int(info["axis"]) % max(w.ndim, 1)
+    if kind == "int4":
+        return quantize_array(w, kind, axis=1 - axis if w.ndim == 2 else 0, red=axis,
+                              block_size=int(info["block_size"]))
+    return quantize_array(w, kind, axis=axis, red=axis)
+
+
 def dequantize(graph: Graph, keep: Callable[[str, dict[str, Any]], bool] | Iterable[str] | None = None) -> Graph:
     """A copy of ``graph`` with each constant ``DequantizeLinear`` folded into a float32 initializer
     (what a backend without native quantized weights runs). ``keep`` leaves some quantized: the float

@@ -54,15 +54,22 @@ def load(
     if chosen == "auto" and not isinstance(device, Device):  # the cost model may choose, now that it sees the graph
         be, dev = _auto(reg, device if isinstance(device, str) else None, graph=graph, quiet=True)
     bound = _open_weights(weights)
+    requantize = None
     if quantize is not None or "DequantizeLinear" in graph.op_counts():
         from . import quantization
 
         if quantize is not None:  # the quantized graph holds the weights: bound ones are bound into it
+            source = bound if bound is not None else Weights.from_graph(graph)
             graph = quantization.cached(graph, quantize, bound)
             bound = None
         graph = quantization.for_backend(graph, be)
+        if quantize is not None:  # later float weights (a LoRA) are quantized as the graph holds them
+            requantize = quantization.Requantizer(graph, source)
     log.info("compiling %s on %s", graph.name, dev)
-    return be.compile(graph, bound, dev, **options)
+    session = be.compile(graph, bound, dev, **options)
+    if requantize is not None and requantize.held:
+        session.requantize = requantize
+    return session
 
 
 def _pinned(graph: Graph, shapes: Any) -> Graph:

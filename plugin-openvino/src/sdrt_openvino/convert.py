@@ -33,6 +33,8 @@ log = logging.getLogger("sdrt.openvino.convert")
 
 _RAW_CONST = {"bfloat16": ("bf16", np.uint16), "float8_e4m3fn": ("f8e4m3", np.uint8),
               "float8_e5m2": ("f8e5m2", np.uint8)}
+#: ml_dtypes' 4-bit integers, which OpenVINO holds packed (``i4``, ``u4``)
+_PACKED_CONST = {"int4": "i4", "uint4": "u4"}
 _FLOAT_KINDS = {"float16", "float32", "float64", "bfloat16"}
 
 
@@ -176,7 +178,14 @@ def make_constant(arr: np.ndarray, name: str, maps: list[np.ndarray] | None = No
         if maps is not None:
             maps.append(cow)
     raw = _RAW_CONST.get(arr.dtype.name)
-    if raw is not None:  # ml_dtypes types that numpy-to-OpenVINO conversion does not know: pass the bits
+    packed = _PACKED_CONST.get(arr.dtype.name)
+    if packed is not None:  # int4/uint4 (a quantized weight bound again): two values a byte, low nibble first; a copy
+        nib = (arr.view(np.uint8) & 0x0F).reshape(-1)
+        if nib.size % 2:
+            nib = np.concatenate([nib, np.zeros(1, np.uint8)])
+        tensor = ov.Tensor(nib[0::2] | (nib[1::2] << 4), list(arr.shape), getattr(ov.Type, packed))
+        const = ov.op.Constant(tensor, shared_memory=False)
+    elif raw is not None:  # ml_dtypes types that numpy-to-OpenVINO conversion does not know: pass the bits
         const = ov.op.Constant(ov.Tensor(arr.view(raw[1]), list(arr.shape), getattr(ov.Type, raw[0])))
     else:
         const = ov.op.Constant(arr, shared_memory=bool(arr.flags.writeable))
