@@ -4,6 +4,7 @@ checked against onnxruntime, natively on OpenVINO, dequantized at load elsewhere
 from __future__ import annotations
 
 import os
+import re
 import stat
 
 import numpy as np
@@ -504,3 +505,15 @@ def test_float_weights_bound_onto_a_quantized_session_are_quantized_as_it_holds_
     s.update_weights(base)  # the float model's own weights again: the graph's own quantized values
     for k, v in s.run(unet_feeds).items():
         np.testing.assert_allclose(v, before[k], atol=1e-6 * np.abs(before[k]).max())
+
+
+def test_a_float_weight_of_another_shape_on_a_quantized_session_is_one_error(backends, unet, unet_feeds):
+    from sdrt.weights import Weights
+
+    s = sdrt.load(unet, backend="reference", quantize="int8")
+    name = sorted(Q.quantized_weights(Q.quantize(unet, "int8")))[0]
+    base = Weights.from_graph(unet)
+    wrong = np.zeros(tuple(base.ref(name).shape) + (2,), np.float32)
+    with pytest.raises(SdrtError, match=rf"weight '{re.escape(name)}' has shape .* the quantized graph holds it"):
+        s.update_weights(base.replaced({name: wrong}))
+    s.run(unet_feeds)  # the session still runs

@@ -424,7 +424,14 @@ class Requantizer:
         fresh = 0
         for n in names:
             info, values, scale = self.held[n]
-            origin = weights.ref(n).origin
+            ref = weights.ref(n)
+            if tuple(ref.shape) != tuple(values.shape):
+                from .errors import WeightsError
+
+                raise WeightsError(f"weight {n!r} has shape {list(ref.shape)}, and the quantized graph holds it as "
+                                   f"{list(values.shape)}", where=ref.source,
+                                   fix="bind weights made for this model (a checkpoint or LoRA of its family)")
+            origin = ref.origin
             if origin is not None and origin == self.origins.get(n) and weights.dtype is None:
                 refs[info["values"]], refs[info["scale"]] = values, scale
                 continue
