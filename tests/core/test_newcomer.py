@@ -100,6 +100,18 @@ def test_a_dangling_symlink_is_refused(tmp_path, capsys):
     assert link.is_symlink()
 
 
+@pytest.mark.parametrize("target_name", ["notes.txt", "photo.jpg"])
+def test_a_symlink_to_a_file_of_another_kind_is_refused(tmp_path, capsys, target_name):
+    """`-o link.png` where the link leads to notes.txt: the text file would have become a PNG."""
+    target = tmp_path / target_name
+    target.write_bytes(b"my notes")
+    link = tmp_path / "link.png"
+    link.symlink_to(target.name)
+    refused(capsys, ["a red circle", *FAST, "--backend", "nosuch", "-o", str(link)],
+            f"would replace that {target.suffix} file with a PNG image")
+    assert target.read_bytes() == b"my notes" and link.is_symlink()
+
+
 def test_output_dash_writes_the_png_to_standard_output(tmp_path):
     env = {**os.environ, "SDRT_LOAD_ENTRY_POINTS": "1"}
     proc = subprocess.run([sys.executable, "-m", "sdrt", "generate", "a red circle", *FAST, "--backend", "reference",

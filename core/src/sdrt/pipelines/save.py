@@ -53,9 +53,17 @@ def _pillow(arg: str = "path") -> Any:
 def check_output(path: str | os.PathLike[str], arg: str = "path") -> Path:
     """Everything that could stop :func:`save_image` from writing ``path``, checked now: the suffix,
     Pillow for JPEG/WebP, and the target (a regular file or a new one, see ``output_target``)."""
-    if image_format(path, arg) is not None:
+    fmt = image_format(path, arg)
+    if fmt is not None:
         _pillow(arg)
-    return output_target(path, arg)
+    target = output_target(path, arg)
+    if target != Path(os.fspath(path)) and target.suffix.lower() != Path(os.fspath(path)).suffix.lower() \
+            and FORMATS.get(target.suffix.lower(), "") != fmt:  # a link.png to notes.txt: the image would replace it
+        raise PngError(f"{os.fspath(path)} is a symlink to {target}, and an image written through it would replace "
+                       f"that {target.suffix or 'suffix-less'} file with a {fmt or 'PNG'} image",
+                       where=f"{{@{arg}}}", fix="point the link at an image file of its own suffix, or pick another "
+                                                  "file name")
+    return target
 
 
 def check_size(path: str | os.PathLike[str], width: int, height: int, arg: str = "path") -> None:
