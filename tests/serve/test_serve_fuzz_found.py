@@ -110,7 +110,7 @@ def test_a_models_file_is_named_not_its_server_path(client, models_dir) -> None:
     (/tmp/.../demo-a/text_encoder/model.onnx): the server answers with names, never paths."""
     message, field = _refused(client.post("/sdapi/v1/txt2img", json={
         **T2I, "override_settings": {"CLIP_stop_at_last_layers": 12}}), 400)
-    assert field == "CLIP_stop_at_last_layers"
+    assert field == "override_settings.CLIP_stop_at_last_layers"  # the request's override, named in full
     assert str(models_dir) not in message and "(demo-a/text_encoder/model.onnx)" in message, message
 
 

@@ -78,7 +78,7 @@ def test_ray_deployment_answers_webuiapi(ray_url) -> None:
     time.sleep(0.5)  # the running replica has reported to the shared state
     for _ in range(6):  # whichever replica answers knows the job
         p = api.get_progress()
-        assert p["state"]["job_count"] == 1, p
+        assert p["state"]["job_count"] == 32, p  # A1111's: the job's runs (n_iter)
     api.interrupt()
     t.join(timeout=120)
     assert "r" in out, "the interrupted request did not answer"

@@ -60,7 +60,8 @@ def test_an_interrupt_answers_a_job_waiting_behind_a_reload_at_once(served) -> N
         with worker.busy:  # what /reload-checkpoint holds while it loads and compiles the model
             job, out = _post_in_thread(url, BODY)
             _taken(worker)
-            assert c.get("/sdapi/v1/progress").json()["state"]["job_count"] == 1
+            # not started: a waiting job (sdrt's queued; A1111's job_count is a running job's runs)
+            assert c.get("/sdapi/v1/progress").json()["state"]["queued"] == 1
             assert c.post("/sdapi/v1/interrupt").status_code == 200
             job.join(timeout=30)
             assert not job.is_alive(), "the interrupted job waited for the worker"

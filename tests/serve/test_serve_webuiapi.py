@@ -4,6 +4,7 @@ and interrupt. The PNGs are read back with ``sd-parsers``."""
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 
@@ -135,6 +136,10 @@ def test_progress_and_interrupt(server) -> None:
     assert seen, "no progress reported"
     p = seen[0]
     assert 0 < p["progress"] < 1 and p["state"]["sampling_steps"] == 150 and p["eta_relative"] > 0
+    # A1111's meaning: job_count is the job's runs (n_iter), job_no the 0-based run in progress, job_timestamp the
+    # job's start (YYYYmmddHHMMSS); it said job_count 1 (the jobs running) beside job_no 7, and a timestamp of "0"
+    assert p["state"]["job_count"] == 32 and 0 <= p["state"]["job_no"] < 32, p["state"]
+    assert re.fullmatch(r"20\d{12}", p["state"]["job_timestamp"]), p["state"]
     assert p["current_image"]  # a live preview
     api.interrupt()
     t.join(timeout=60)

@@ -184,7 +184,9 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         else options.get("sd_model_checkpoint")
     model = registry.model(model_name, "override_settings.sd_model_checkpoint") if model_name not in (None, "") \
         else registry.default
-    clip_skip = get_int(overrides, "CLIP_stop_at_last_layers", None, 1, 12)
+    clip_key = "override_settings.CLIP_stop_at_last_layers"  # named in full, as sd_model_checkpoint is
+    clip_skip = get_int({clip_key: overrides.get("CLIP_stop_at_last_layers")}, clip_key, None, 1, 12, fixed=True)
+    clip_skip_option = clip_skip is None  # the server's option: run at the model's deepest when deeper (jobs.Work)
     if clip_skip is None:
         clip_skip = int(options.get("CLIP_stop_at_last_layers") or 1)
     not_honoured = _not_honoured(body) + rounded + _prompt_syntax(prompt, "prompt") + \
@@ -259,6 +261,8 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     if ips:  # the IP-Adapter modules' units: image prompts (sdrt.pipelines.ipadapter), their attentions summed
         kwargs["ip_adapter"] = ips
         net_names.update(ip_names)
+    if not clip_skip_option:  # a clip skip the model refuses is the request's override, named in full
+        net_names["clip_skip"] = clip_key
     controlnet.check_instantid(nets, ips, net_names)  # an InstantID net without its adapter unit: said in the request's words
     if not body.get("sampler_name") and body.get("sampler_index"):  # the sampler came from A1111's older field
         net_names["sampler"] = "sampler_index"
@@ -272,7 +276,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     try:  # the pipeline's own checks (sampler and schedule names, sizes, strength), before any model loads
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
-        raise from_pipeline(exc, net_names) from None
+        err = from_pipeline(exc, net_names)
+        for key, name in net_names.items():  # a unit's files on the server by their names, as a job's refusal
+            if Path(key).is_absolute():  # says them (jobs._public_error)
+                err.message = err.message.replace(key, name)
+        raise err from None
     if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
         kwargs["refiner"] = refiner
     if hires_model is not None:  # likewise (jobs.Worker._run): the pipeline the worker holds for that model
@@ -288,7 +296,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
     work = Work(model, prompt, negative, kwargs, seed, batch, n_iter, distilled_cfg=distilled,
                 image_cfg=image_cfg if mode == "img2img" else None,
                 max_size=(limits.max_width, limits.max_height), fields=net_names, size_from=size_from,
-                extra_infotext=extra_infotext, rounded=rounded, subseed=subseed)
+                extra_infotext=extra_infotext, rounded=rounded, subseed=subseed, clip_skip_option=clip_skip_option)
     return Request(work, mode, not_honoured, task_id, send_images, params, ignored)
 
 
@@ -489,7 +497,7 @@ def _img2img(body: dict[str, Any], kwargs: dict[str, Any], limits: Limits, not_h
         not_honoured.append(f"init_images: {len(images)} given, the first one is used for every image")
     max_pixels = limits.max_width * limits.max_height * 4
     img = b64images.decode(images[0], "init_images[0]", max_pixels)
-    resize_mode = get_int(body, "resize_mode", 0, 0, 3)
+    resize_mode = get_int(body, "resize_mode", 0, 0, 3, fixed=True)
     width, height = kwargs["width"] or img.width, kwargs["height"] or img.height
     # sides left unset take the image's, within this server's limits (a 4096x4096 photo ran at 4096x4096)
     scale = min([1.0, *(limit / side for side, given, limit in ((width, kwargs["width"], limits.max_width),

@@ -379,6 +379,8 @@ def units(body: dict[str, Any], registry: Registry, model: ModelEntry, max_pixel
         # a resolution the pipeline refuses (a network's image too large at it): the slider that gave it
         fields[f"controlnets[{len(out)}] processor_res"] = f"{where}.{'pixel_perfect' if made.pixel_perfect else 'processor_res'}"
         out.append(made)
+        if isinstance(made.net, str) and Path(made.net).is_absolute():  # a refusal of the net's file: by its name
+            fields[made.net] = Path(made.net).name
         for f in made.preprocessor_models or ():  # a refusal of the file says it as the admin names it
             fields[str(f)] = admin_paths(str(f), registry.models_dir)
         if reads:  # an SD3 inpainting net's mask, as the pipeline's errors name it

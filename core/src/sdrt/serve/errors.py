@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 from ..errors import _items, _render
@@ -72,7 +73,9 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
         # the request's field, where the pipeline's words do not say it: a unit's threshold_a ("a down sampling rate
         # of 500 ..."), a sampler's step count, "the sampler 'Restart' is not available" of sampler_index
         what = f"{field}: {what}"
-    return ApiError(400, f"{what}; {fix}" if fix else what, field=field)
+    message = f"{what}; {fix}" if fix else what
+    # "use a {@clip_skip} from 1 to 3" of a request's override: "use an override_settings.CLIP_stop_at_last_layers"
+    return ApiError(400, re.sub(r"\ba (override_settings\.)", r"an \1", message), field=field)
 
 
 __all__ = ["ApiError", "from_pipeline", "in_request_words"]

@@ -155,7 +155,7 @@ def _process(body: dict[str, Any], images: list[Any], models_dir: Path | None, b
     """A1111's extras on Pillow images: (the results, html_info)."""
     from PIL import Image
 
-    mode = get_int(body, "resize_mode", 0, 0, 1)
+    mode = get_int(body, "resize_mode", 0, 0, 1, fixed=True)
     factor = get_float(body, "upscaling_resize", 2.0, 1.0, 8.0)
     tw = get_int(body, "upscaling_resize_w", 512, 1, max_side)
     th = get_int(body, "upscaling_resize_h", 512, 1, max_side)

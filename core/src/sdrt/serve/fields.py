@@ -24,7 +24,9 @@ def _kind(value: Any) -> str:
 
 
 def get_int(body: dict[str, Any], key: str, default: Any, low: int | None = None, high: int | None = None,
-            *, why: str = "") -> Any:
+            *, why: str = "", fixed: bool = False) -> Any:
+    """``fixed``: ``low``-``high`` are the values the field has (``resize_mode``'s modes), not a bound this server
+    sets."""
     value = body.get(key)
     if value is None:
         return default
@@ -34,6 +36,9 @@ def get_int(body: dict[str, Any], key: str, default: Any, low: int | None = None
         value = int(value)
     if isinstance(value, bool) or not isinstance(value, int):
         raise ApiError(422, f"{key} must be an integer, got {_kind(value)} ({str(value)[:40]!r})", field=key)
+    if fixed and not low <= value <= high:
+        raise ApiError(400, f"{key} must be {low} {'or' if high == low + 1 else 'to'} {high}, got {value}{why}",
+                       field=key)
     if low is not None and value < low:
         raise ApiError(400, f"{key} must be at least {low}, got {value}", field=key)
     if high is not None and value > high:
@@ -118,6 +123,15 @@ def get_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]
     return width, height
 
 
+def size_refused(exc: Exception, size: Any, limits: Any) -> ApiError:
+    """The pipeline's refusal of the width or height of ``size`` (OpenAI's routes: a side off the grid of 8, too
+    small), as a 400 naming ``size``."""
+    from ..errors import _render
+
+    return ApiError(400, f"size {size}: {_render(getattr(exc, 'what', str(exc)), None)}; pass a size whose sides are "
+                         f"multiples of 8, from 8 to {limits.max_width}x{limits.max_height}", field="size")
+
+
 def size_words(message: str) -> str:
     """A message in the words of a caller that sends ``size`` (OpenAI's routes), not width and height: the pipeline's
     "pass width=64 and height=64, or leave them unset" read "pass size=64 and size=64" once renamed."""
@@ -126,4 +140,5 @@ def size_words(message: str) -> str:
     return message.replace("size=", "size ").replace("or leave them unset", "or leave size unset")
 
 
-__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str", "size_words"]
+__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str", "size_refused",
+           "size_words"]

@@ -52,10 +52,14 @@ def parse_json(raw: bytes, *, empty: Any = None) -> Any:
         body = json.loads(raw.decode("utf-8-sig"), parse_constant=_no_constant)  # a BOM, as json.loads(bytes) takes
     except UnicodeDecodeError:
         raise ApiError(400, "the request body is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise ApiError(400, f"the request body is not valid JSON ({exc.msg} at line {exc.lineno} column "
-                            f"{exc.colno})") from None
+    except json.JSONDecodeError as exc:  # "Unterminated string starting at": said once, with where
+        raise ApiError(400, f"the request body is not valid JSON ({exc.msg.removesuffix(' at')} at line "
+                            f"{exc.lineno} column {exc.colno})") from None
     except ValueError as exc:
+        digits = re.search(r"\((\d+) digits\).*value has (\d+) digits", str(exc))
+        if digits:  # Python's own bound on an integer's digits, whose advice is for the server's code
+            raise ApiError(400, f"the request body holds a number of {digits.group(2)} digits, more than the "
+                                f"{digits.group(1)} this server reads; send numbers of fewer digits") from None
         raise ApiError(400, f"the request body is not valid JSON ({exc})") from None
     except RecursionError:  # the parser recurses once per level of [ or {
         raise ApiError(400, "the request body nests too deeply (over ~1000 levels of [ or {); send a flatter "

@@ -20,7 +20,7 @@ def denoising_strength(body: dict[str, Any]) -> float:
 
 def masked_content(body: dict[str, Any], kwargs: dict[str, Any]) -> None:
     """A1111's ``inpainting_fill`` (1, original): 0, 2 and 3 are the pipeline's ``masked_content``."""
-    fill = get_int(body, "inpainting_fill", 1, 0, 3)
+    fill = get_int(body, "inpainting_fill", 1, 0, 3, fixed=True)
     if fill != 1:
         kwargs["masked_content"] = A1111_FILL[fill]
 
@@ -44,7 +44,7 @@ def read_mask(body: dict[str, Any], mask: Any, max_pixels: int, not_honoured: li
     """The request's mask, HxW uint8 at its own size, as A1111's create_binary_mask reads it (an alpha mask rounded
     unless mask_round is false), then inverted (inpainting_mask_invert); not yet blurred."""
     m = b64images.decode(mask, "mask", max_pixels)
-    invert = get_int(body, "inpainting_mask_invert", 0, 0, 1) == 1
+    invert = get_int(body, "inpainting_mask_invert", 0, 0, 1, fixed=True) == 1
     round_alpha = get_bool(body, "mask_round", True)
     if not round_alpha:
         not_honoured.append("mask_round: false keeps an alpha mask's levels, but the run's latent mask is still "

@@ -69,6 +69,9 @@ class Work:
     #: the request's width / height brought down to a multiple of 8 (A1111's rule), as sent: a size the model
     #: refuses is said with them ("width: 100 ran as 96"), not as if 96 had been sent
     rounded: list[str] = field(default_factory=list)
+    #: the clip skip is the server's ``CLIP_stop_at_last_layers`` option, not the request's: one deeper than the model's
+    #: text encoder has runs at the deepest it has, named (the option is server-wide, and models change)
+    clip_skip_option: bool = False
     #: A1111's fixed subseed at subseed_strength 0 (-1 drawn, as ``get_fixed_seed``): ``info`` lists
     #: ``subseed + j`` for image ``j`` as A1111's ``all_subseeds`` does; the run does not read it (no variation)
     subseed: int | None = None
@@ -696,6 +699,14 @@ class Worker(threading.Thread):
             return run()
         except ModelError as exc:
             skip = kwargs.get("clip_skip", 1)
+            deepest = re.search(r"its largest clip skip is (\d+)", str(getattr(exc, "what", "")))
+            if w.clip_skip_option and deepest and getattr(exc, "where", None) == "clip_skip" \
+                    and int(deepest.group(1)) < skip:
+                most = int(deepest.group(1))
+                result.not_honoured.append(f"CLIP_stop_at_last_layers: the server's option {skip} ran at {most} on "
+                                           f"{w.model.name}, whose text encoder has {most} hidden states")
+                kwargs["clip_skip"] = most  # and so do the job's next runs; another encoder may have fewer
+                return self._generate(job, pipe, on_step, k, kwargs, result)
             if skip <= 1 or not str(getattr(exc, "what", "")).startswith("clip skip "):
                 raise
             result.not_honoured.append(f"CLIP_stop_at_last_layers: {skip} ran at 1 on {w.model.name}: {exc.what}")
@@ -755,7 +766,8 @@ class JobQueue:
         with self._lock:
             waiting = sum(1 for j in self.active.values() if j.state == "queued")
             if waiting >= self.max_queue:
-                raise ApiError(503, f"the queue is full ({waiting} jobs waiting); try again shortly")
+                raise ApiError(503, f"the queue is full ({waiting} job{'s' if waiting != 1 else ''} waiting); "
+                                    "try again shortly")
             if job.id in self.active:
                 raise ApiError(409, f"a job with id {job.id!r} is already queued or running", field="force_task_id")
             self.active[job.id] = job

@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 
 from . import a1111, b64images
 from .errors import ApiError
-from .fields import get_float, get_size, get_str, size_words
+from .fields import get_float, get_size, get_str, size_refused, size_words
 from .http import parse_json, read_body
 from .state import ServerState
 
@@ -187,6 +187,16 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
         raise ApiError(400, f"output_format {body['output_format']!r} is not supported; this server writes png",
                        field="output_format")
     width, height = get_size(body, limits)
+    if width is not None:  # a side off the grid of 8 is refused, as /v1/images/generations refuses it (not rounded)
+        from ..errors import SdrtError
+        from ..pipelines import validate
+
+        try:
+            validate("", width=width, height=height)
+        except SdrtError as exc:
+            if getattr(exc, "where", None) not in ("width", "height"):
+                raise
+            raise size_refused(exc, body.get("size"), limits) from None
     strength = get_float(body, "strength", 1.0 if repaint is not None else 0.75, 0.0, 1.0, low_open=True)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else None

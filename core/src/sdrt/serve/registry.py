@@ -190,6 +190,7 @@ class Registry:
         self._lock = threading.Lock()
         self._hashes: dict[tuple[Path, float], str] = {}
         self._net_hashes: dict[tuple[Path, float], str] = {}
+        self._net_broken: dict[tuple[Path, float], str | None] = {}
         self._models: dict[str, ModelEntry] = {}
         self._skipped: dict[str, str] = {}
         self.refresh()
@@ -356,10 +357,39 @@ class Registry:
             self._net_hashes[key] = a1111_old_hash(path)
         return self._net_hashes[key]
 
+    def _net_unreadable(self, path: Path) -> str | None:
+        """Why a file of ``ControlNet/`` cannot be read (its safetensors header or PyTorch pickle: no tensor is read),
+        or None; cached by path and mtime, and logged once, as the upscalers' files are (sdrt.serve.extras)."""
+        from ..errors import SdrtError
+        from ..weights import Weights
+
+        key = (path, path.stat().st_mtime)
+        if key not in self._net_broken:
+            try:
+                Weights.open(path).shapes()
+                why = None
+            except (SdrtError, OSError, ValueError) as exc:
+                why = str(getattr(exc, "what", exc)).replace(str(path), path.name)
+                log.warning("%s is listed as no ControlNet: %s", path.name, why)
+            self._net_broken[key] = why
+        return self._net_broken[key]
+
+    def unreadable_controlnets(self) -> dict[str, str]:
+        """``{file name: why}`` of the files of ``ControlNet/`` that cannot be read (not listed)."""
+        folder = self.controlnet_dir
+        out: dict[str, str] = {}
+        for p in sorted(folder.iterdir()) if folder is not None else []:
+            if p.suffix.lower() in _NET_FILES and p.is_file():
+                why = self._net_unreadable(p)
+                if why:
+                    out[p.name] = why
+        return out
+
     @property
     def controlnets(self) -> list[ControlNetEntry]:
         """Every ControlNet a request can name, read from the folders now: ``ControlNet/``'s files and folders,
-        then the model folders' own ``controlnet*`` parts."""
+        then the model folders' own ``controlnet*`` parts. A file that cannot be read (a truncated download) is left
+        out and logged, as an upscaler's is (sdrt.serve.extras)."""
         from ..checkpoint.controlnet import folder_file
 
         found: list[ControlNetEntry] = []
@@ -369,7 +399,7 @@ class Registry:
         # with one name, the earlier suffix
         files: dict[str, Path] = {}
         for p in entries:
-            if p.suffix.lower() in _NET_FILES and p.is_file():
+            if p.suffix.lower() in _NET_FILES and p.is_file() and not self._net_unreadable(p):
                 old = files.get(p.stem)
                 if old is None or _NET_FILES.index(p.suffix.lower()) < _NET_FILES.index(old.suffix.lower()):
                     files[p.stem] = p
@@ -414,6 +444,10 @@ class Registry:
             raise ApiError(400, f"the ControlNet {name[:200]!r} is a part of the model folder {other.owner} and runs "
                                 f"with that model only (this request runs {model.name})", field=field)
         choices = ", ".join(e.title for e in mine) or "none"
+        for file, why in self.unreadable_controlnets().items():  # a file that is there but cannot be read: say why
+            if stem == Path(file).stem.casefold():
+                raise ApiError(400, f"{field}: the ControlNet file {file} cannot be read ({why[:300]}); download it "
+                                    f"again (it may be truncated); this server has: {choices}", field=field)
         where = "" if self.controlnet_dir is not None else (
             "; put ControlNet .safetensors files or ONNX folders in a ControlNet folder inside the models folder")
         if text in ("", "None"):

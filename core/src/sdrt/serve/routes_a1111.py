@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from starlette.concurrency import run_in_threadpool
@@ -114,16 +115,20 @@ async def options(request: Request) -> JSONResponse:
 
 async def progress(request: Request) -> JSONResponse:
     st = _state(request)
-    skip_image = request.query_params.get("skip_current_image", "false").lower() in ("true", "1")
+    skip_image = _query_bool(request, "skip_current_image", False)
     local = st.queue.running()
     report = st.progress_report()
     others = await run_in_threadpool(st.cluster.others_progress) if st.cluster is not None else []
     running = report["running"] + [j for o in others for j in o["running"] if j["progress"] < 1.0]
     queued = report["queued"] + sum(o["queued"] for o in others)
     job = running[0] if running else None
+    # A1111's job_count: the current job's runs (n_iter); job_no: the 0-based run in progress; job_timestamp: when
+    # the job started (YYYYmmddHHMMSS). The jobs running and waiting are sdrt's running and queued
+    started = job.get("started") if job else None
     state = {"skipped": bool(job and job["skipped"]), "interrupted": bool(job and job["interrupted"]),
-             "stopping_generation": False, "job": job["id"] if job else "", "job_count": len(running) + queued,
-             "job_timestamp": "0", "job_no": job["iteration"] if job else 0,
+             "stopping_generation": False, "job": job["id"] if job else "", "job_count": job["runs"] if job else 0,
+             "job_timestamp": time.strftime("%Y%m%d%H%M%S", time.localtime(started)) if started else "0",
+             "job_no": job["iteration"] if job else 0,
              "sampling_step": job["step"] if job else 0, "sampling_steps": job["total"] if job else 0,
              "running": [{k: j[k] for k in ("id", "worker", "progress")} for j in running], "queued": queued}
     image = None

@@ -23,7 +23,7 @@ from starlette.routing import Route
 
 from . import openai_edits, responses
 from .errors import ApiError, from_pipeline
-from .fields import get_float, get_int, get_size, get_str, size_words
+from .fields import get_float, get_int, get_size, get_str, size_refused, size_words
 from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
@@ -79,11 +79,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
         validate(prompt, negative, seed=seed, **kwargs)
     except SdrtError as exc:
         if getattr(exc, "where", None) in ("width", "height"):  # the caller sent size, not width= / height=
-            from ..errors import _render
-
-            raise ApiError(400, f"size {size}: {_render(exc.what, None)}; pass "
-                                f"a size whose sides are multiples of 8, from 8 to "
-                                f"{limits.max_width}x{limits.max_height}", field="size") from None
+            raise size_refused(exc, size, limits) from None
         raise from_pipeline(exc) from None
     return Work(model, prompt, negative, kwargs, seed, n, 1, max_size=(limits.max_width, limits.max_height)), \
         ignored, fmt

@@ -135,7 +135,7 @@ class ServerState:
                 raise ApiError(422, "upscaler_for_img2img must be an upscaler's name (GET /sdapi/v1/upscalers lists "
                                     "them) or null", field="upscaler_for_img2img")
             updates["upscaler_for_img2img"] = value
-        clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12)
+        clip = get_int(body, "CLIP_stop_at_last_layers", None, 1, 12, fixed=True)
         if clip is not None:
             updates["CLIP_stop_at_last_layers"] = clip
         for key, value in body.items():
@@ -224,7 +224,8 @@ class ServerState:
         """This server's running and queued jobs, as a replica reports them to the others."""
         return {"queued": self.queue.queued(),
                 "running": [{"id": j.id, "worker": j.worker, "progress": round(j.progress, 4), "eta": round(j.eta, 3),
-                             "iteration": j.iteration, "step": j.step, "total": j.total,
+                             "iteration": j.iteration, "runs": j.work.n_iter, "started": j.started,
+                             "step": j.step, "total": j.total,
                              "skipped": j.skip.is_set(), "interrupted": j.interrupt.is_set()}
                             for j in self.queue.running() if j.state == "running"]}
 
