@@ -37,6 +37,7 @@ run quantized weights natively does at load.
 
 from __future__ import annotations
 
+import functools
 import logging
 import re
 from collections.abc import Callable, Iterable, Mapping
@@ -248,14 +249,16 @@ def quantize_array(w: np.ndarray, scheme: str, axis: int, red: int, block_size: 
 
 def dequantize_array(q: np.ndarray, scale: np.ndarray, axis: int, block_size: int = 0,
                      zero_point: np.ndarray | None = None) -> np.ndarray:
-    """float32 values of a ``DequantizeLinear`` (per-tensor, per-axis or blocked), as the ONNX spec defines."""
+    """float32 values of a ``DequantizeLinear`` (per-tensor, per-axis or blocked), as the ONNX spec defines: one new
+    array, computed in place (a whole model's weights are folded so on ggml)."""
     x = np.asarray(q).astype(np.float32)
     s = np.asarray(scale, np.float32)
     z = None if zero_point is None else np.asarray(zero_point).astype(np.float32)
     axis = axis % x.ndim if x.ndim else 0
     if s.ndim == 0 or s.size == 1 and x.ndim == 0:
-        return (x - (z if z is not None else 0.0)) * s
-    if block_size:
+        s = s.reshape(())
+        z = None if z is None else z.reshape(())
+    elif block_size:
         s = np.repeat(s, block_size, axis=axis).take(range(x.shape[axis]), axis=axis)
         if z is not None:
             z = np.repeat(z, block_size, axis=axis).take(range(x.shape[axis]), axis=axis)
@@ -264,7 +267,10 @@ def dequantize_array(q: np.ndarray, scale: np.ndarray, axis: int, block_size: in
         shape[axis] = -1
         s = s.reshape(shape)
         z = None if z is None else z.reshape(shape)
-    return (x - (z if z is not None else 0.0)) * s
+    if z is not None:
+        x -= z
+    x *= s
+    return x
 
 
 def quantize(graph: Graph, to: str = "int8", *, block_size: int = 32,
@@ -403,16 +409,15 @@ class Requantizer:
     a weight whose float tensor is the one the graph was quantized from (the same bytes of the same file) keeps the
     graph's own values, so an update that changes a few weights quantizes only those."""
 
-    def __init__(self, graph: Graph, source: Mapping[str, Any] | None) -> None:
+    def __init__(self, graph: Graph, source: Weights) -> None:
         from .weights import Weights
 
         own = Weights.from_graph(graph)
         #: float name -> (info, the graph's values ref, its scale ref) for each weight it holds quantized
         self.held = {n: (i, own.ref(i["values"]), own.ref(i["scale"])) for n, i in quantized_weights(graph).items()
                      if i["zero_point"] is None and i["values"] in own and i["scale"] in own}
-        refs = getattr(source, "ref", None)
         #: float name -> where the float tensor the graph was quantized from lies (``TensorRef.origin``)
-        self.origins = {n: refs(n).origin for n in self.held if refs is not None and n in source}  # type: ignore
+        self.origins = {n: source.ref(n).origin for n in self.held if n in source}
 
     def __call__(self, weights: Any) -> Any:
         from .weights import TensorRef, Weights
@@ -436,26 +441,13 @@ class Requantizer:
                 refs[info["values"]], refs[info["scale"]] = values, scale
                 continue
             fresh += 1
-            pair = _Lazy(lambda n=n, info=info: _requantize(weights[n], info))
+            pair = functools.cache(lambda n=n, info=info: _requantize(weights[n], info))  # made once, for both
             refs[info["values"]] = TensorRef(info["values"], values.dtype, values.shape, "<requantized>",
                                              lambda pair=pair: pair()[0])
             refs[info["scale"]] = TensorRef(info["scale"], scale.dtype, scale.shape, "<requantized>",
                                             lambda pair=pair: pair()[1])
         log.info("binding %d float weights onto a quantized graph: %d quantized again", len(names), fresh)
         return Weights(refs, sources=getattr(weights, "sources", ()))
-
-
-class _Lazy:
-    """A value computed on first use, then held."""
-
-    def __init__(self, make: Callable[[], Any]) -> None:
-        self._make: Callable[[], Any] | None = make
-        self._value: Any = None
-
-    def __call__(self) -> Any:
-        if self._make is not None:
-            self._value, self._make = self._make(), None
-        return self._value
 
 
 def _requantize(w: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray]:
@@ -465,11 +457,8 @@ def _requantize(w: np.ndarray, info: Mapping[str, Any]) -> tuple[np.ndarray, np.
         raise ModelError(f"a {info['dtype']} weight cannot be quantized again", where=str(info["node"]),
                          fix="bind weights onto the float model, or quantize with sdrt (int8, int4, fp8)")
     w = np.asarray(w, np.float32)
-    axis = int(info["axis"]) % max(w.ndim, 1)
-    if kind == "int4":
-        return quantize_array(w, kind, axis=1 - axis if w.ndim == 2 else 0, red=axis,
-                              block_size=int(info["block_size"]))
-    return quantize_array(w, kind, axis=axis, red=axis)
+    axis = int(info["axis"]) % max(w.ndim, 1)  # int8/fp8: the channels' axis; int4: the blocks' (the other unused)
+    return quantize_array(w, kind, axis=axis, red=axis, block_size=int(info["block_size"]) or 32)
 
 
 def dequantize(graph: Graph, keep: Callable[[str, dict[str, Any]], bool] | Iterable[str] | None = None) -> Graph:

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from sdrt.quantization import dequantize_array
 from sdrt.weights.blocks import BlockMatrix
 
 QK = 32
@@ -49,27 +50,7 @@ def fold(node: Any, ins: list[Any]) -> BlockMatrix | np.ndarray | None:
         bm = _blocks(q, scale, axis, block, node.name)
         if bm is not None:
             return bm
-    return _values(q, scale, zp, axis, block)
-
-
-def _per_axis(a: np.ndarray, shape: tuple[int, ...], axis: int, block: int) -> np.ndarray:
-    """A scale or zero point broadcastable against ``shape``: per tensor, per ``axis``, or in blocks along it."""
-    if a.ndim == 0 or a.size == 1 and not block:
-        return a.reshape(())
-    if block:
-        return np.repeat(a, block, axis=axis)[tuple(slice(0, d) for d in shape)]
-    view = [1] * len(shape)
-    view[axis] = a.size
-    return a.reshape(view)
-
-
-def _values(q: np.ndarray, scale: np.ndarray, zp: Any, axis: int, block: int) -> np.ndarray:
-    """float32 ``(q - zp) * scale``: one array, computed in place."""
-    y = q.astype(np.float32)
-    if zp is not None:
-        y -= _per_axis(np.asarray(zp).astype(np.float32), q.shape, axis, block)
-    y *= _per_axis(scale, q.shape, axis, block)
-    return y
+    return dequantize_array(q, scale, axis, block, None if zp is None else np.asarray(zp))
 
 
 def _blocks(q: np.ndarray, s: np.ndarray, axis: int, block: int, source: str) -> BlockMatrix | None:

@@ -57,8 +57,7 @@ def check_output(path: str | os.PathLike[str], arg: str = "path") -> Path:
     if fmt is not None:
         _pillow(arg)
     target = output_target(path, arg)
-    if target != Path(os.fspath(path)) and target.suffix.lower() != Path(os.fspath(path)).suffix.lower() \
-            and FORMATS.get(target.suffix.lower(), "") != fmt:  # a link.png to notes.txt: the image would replace it
+    if FORMATS.get(target.suffix.lower(), "") != fmt:  # only through a link (link.png to notes.txt): it would be replaced
         raise PngError(f"{os.fspath(path)} is a symlink to {target}, and an image written through it would replace "
                        f"that {target.suffix or 'suffix-less'} file with a {fmt or 'PNG'} image",
                        where=f"{{@{arg}}}", fix="point the link at an image file of its own suffix, or pick another "

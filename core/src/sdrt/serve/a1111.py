@@ -20,7 +20,7 @@ import numpy as np
 from ..pipelines.images import JUST_RESIZE, LATENT_UPSCALE, RESIZE_MODES
 from . import b64images, controlnet, extras, kontext, modules
 from .config import Limits
-from .errors import ApiError, from_pipeline
+from .errors import ApiError, file_names, from_pipeline
 from .fields import get_bool, get_dict, get_float, get_int, get_list, get_str
 from .inpaint import blur_of, blurred, denoising_strength, fit, masked_content, only_masked, read_mask
 from .jobs import Work, hires_said
@@ -277,9 +277,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         validate(prompt, negative, seed=seed, **{k: v for k, v in kwargs.items() if k != "batch_count"})
     except SdrtError as exc:
         err = from_pipeline(exc, net_names)
-        for key, name in net_names.items():  # a unit's files on the server by their names, as a job's refusal
-            if Path(key).is_absolute():  # says them (jobs._public_error)
-                err.message = err.message.replace(key, name)
+        err.message = file_names(err.message, net_names)  # a unit's files by their names, as a job's refusal says them
         raise err from None
     if refiner is not None:  # checked as a path; the worker runs its own pipeline of that model (jobs.Worker._run)
         kwargs["refiner"] = refiner

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 
@@ -49,6 +50,15 @@ def in_request_words(text: str) -> str:
     return _items(_render(text, _FIELDS), _FIELDS)
 
 
+def file_names(text: str, fields: Mapping[str, str]) -> str:
+    """``text`` with each server path among ``fields``' keys (a ControlNet unit's net or preprocessor file,
+    ``sdrt.serve.controlnet.units``) said by the name ``fields`` gives it, never by its path on the server."""
+    for key, name in fields.items():
+        if os.path.isabs(key):
+            text = text.replace(key, name)
+    return text
+
+
 def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> ApiError:
     """A 400 from the pipeline's own check (``sdrt.pipelines.validate``): what was wrong and what to do,
     with the field named as the request names it. ``fields``: this request's own fields of pipeline
@@ -78,4 +88,4 @@ def from_pipeline(exc: Exception, fields: Mapping[str, str] | None = None) -> Ap
     return ApiError(400, re.sub(r"\ba (override_settings\.)", r"an \1", message), field=field)
 
 
-__all__ = ["ApiError", "from_pipeline", "in_request_words"]
+__all__ = ["ApiError", "file_names", "from_pipeline", "in_request_words"]

@@ -244,9 +244,9 @@ def _public_error(exc: BaseException, work: Work | None = None) -> ApiError:
     model = getattr(work, "model", None)
     if isinstance(model, ModelEntry) and err.status != 499:
         err.message = _no_server_paths(err.message, model)
-    for key, name in (getattr(work, "fields", None) or {}).items():  # a unit's preprocessor files, as the admin
-        if os.path.isabs(key):  # names them (sdrt.serve.controlnet.units)
-            err.message = err.message.replace(key, name)
+    from .errors import file_names
+
+    err.message = file_names(err.message, getattr(work, "fields", None) or {})  # a unit's files, as the admin names them
     return err
 
 
