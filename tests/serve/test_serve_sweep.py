@@ -11,7 +11,7 @@ import time
 import httpx
 import numpy as np
 import pytest
-from serve_helpers import live_server, needs_server, png_b64, serve_app
+from serve_helpers import live_server, needs_server, png_b64, png_rgb, serve_app
 
 from sdrt import pipelines
 
@@ -158,3 +158,34 @@ def test_a_clip_skip_option_deeper_than_the_model_runs_at_its_deepest(url):
     message, field = _refusal(sent)
     assert field == "override_settings.CLIP_stop_at_last_layers", (field, message)
     assert "its largest clip skip is 3; use an override_settings.CLIP_stop_at_last_layers from 1 to 3" in message
+
+
+def _infotext(b64: str) -> str:
+    import io
+
+    from PIL import Image
+
+    return Image.open(io.BytesIO(base64.b64decode(b64))).info.get("parameters", "")
+
+
+def test_openai_generations_keep_the_servers_options_as_txt2img_does(url):
+    # the server's options (POST /sdapi/v1/options) hold on /v1/images/generations as on txt2img and on
+    # /v1/images/edits: the generations route ran without them (randn_source, CLIP_stop_at_last_layers, ...)
+    with httpx.Client(base_url=url, timeout=300) as c:
+        before = c.get("/sdapi/v1/options").json()["randn_source"]
+        assert c.post("/sdapi/v1/options", json={"randn_source": "NV"}).status_code == 200
+        try:
+            job = {"prompt": "a cat", "size": "64x64", "steps": 1, "seed": 7}
+            r = c.post("/v1/images/generations", json=job)
+            a1111 = c.post("/sdapi/v1/txt2img", json={"prompt": "a cat", "width": 64, "height": 64, "steps": 1,
+                                                       "seed": 7})
+        finally:
+            c.post("/sdapi/v1/options", json={"randn_source": before})
+        assert r.status_code == 200, r.text
+        openai_text = _infotext(r.json()["data"][0]["b64_json"])
+        assert "RNG: NV" in openai_text, openai_text
+        assert np.array_equal(png_rgb(r.json()["data"][0]["b64_json"]), png_rgb(a1111.json()["images"][0]))
+        r = c.post("/v1/images/generations", json={"prompt": "a cat", "size": "65x64", "n": 1})
+        assert r.status_code == 400 and r.json()["error"]["param"] == "size", r.text
+        r = c.post("/v1/images/generations", json={"prompt": "a cat", "size": "64x64", "n": 0})
+        assert r.status_code in (400, 422) and r.json()["error"]["param"] == "n", r.text

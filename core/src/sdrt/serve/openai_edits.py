@@ -154,6 +154,23 @@ def _png_b64(img: Any) -> str:
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
+def get_grid_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
+    """``size`` (``get_size``) with sides on the grid of 8: one off it is a 400 naming ``size``, where A1111's
+    routes round ``width`` and ``height`` down with a note (OpenAI's callers send sizes from a fixed list)."""
+    width, height = get_size(body, limits)
+    if width is not None:
+        from ..errors import SdrtError
+        from ..pipelines import validate
+
+        try:
+            validate("", width=width, height=height)
+        except SdrtError as exc:
+            if getattr(exc, "where", None) not in ("width", "height"):
+                raise
+            raise size_refused(exc, body.get("size"), limits) from None
+    return width, height
+
+
 def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[str], str]:
     """An edit request as A1111's img2img: (the checked request, what is not honoured, the response format)."""
     limits = st.limits
@@ -186,17 +203,7 @@ def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[st
     if get_str(body, "output_format", "png", max_len=40) != "png":
         raise ApiError(400, f"output_format {body['output_format']!r} is not supported; this server writes png",
                        field="output_format")
-    width, height = get_size(body, limits)
-    if width is not None:  # a side off the grid of 8 is refused, as /v1/images/generations refuses it (not rounded)
-        from ..errors import SdrtError
-        from ..pipelines import validate
-
-        try:
-            validate("", width=width, height=height)
-        except SdrtError as exc:
-            if getattr(exc, "where", None) not in ("width", "height"):
-                raise
-            raise size_refused(exc, body.get("size"), limits) from None
+    width, height = get_grid_size(body, limits)
     strength = get_float(body, "strength", 1.0 if repaint is not None else 0.75, 0.0, 1.0, low_open=True)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else None
@@ -226,4 +233,4 @@ def renamed(exc: ApiError) -> ApiError:
     return ApiError(exc.status, message, field=field)
 
 
-__all__ = ["NOT_HONOURED", "Upload", "parse", "read_edit", "renamed"]
+__all__ = ["NOT_HONOURED", "Upload", "get_grid_size", "parse", "read_edit", "renamed"]

@@ -12,7 +12,6 @@ field is a 400 naming it, as OpenAI's own API answers an unrecognized argument.
 
 from __future__ import annotations
 
-import secrets
 import time
 from typing import Any
 
@@ -21,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from . import openai_edits, responses
-from .errors import ApiError, from_pipeline
-from .fields import get_float, get_int, get_size, get_str, size_refused, size_words
+from . import a1111, openai_edits, responses
+from .errors import ApiError
+from .fields import get_str, size_words
 from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
@@ -35,10 +34,9 @@ _KNOWN = frozenset(("prompt", "model", "n", "size", "response_format", "output_f
 
 
 def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
-    from ..errors import SdrtError
-    from ..pipelines import validate
-    from ..pipelines.bounds import MAX_CFG
-
+    """A generations request as A1111's txt2img (``sdrt.serve.a1111``), so that the server's options (``sd_vae``,
+    ``CLIP_stop_at_last_layers``, ``randn_source``, ...) hold here as on ``/sdapi/v1/txt2img`` and on
+    ``/v1/images/edits``: (the work, what is not honoured, the response format)."""
     limits = st.limits
     if not isinstance(body, dict):
         raise ApiError(422, f"the request body must be a JSON object, got {type(body).__name__}")
@@ -51,38 +49,27 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     if body.get("stream") not in (None, False):
         raise ApiError(400, "stream is not supported: this server answers with the finished images",
                        field="stream")
-    prompt = get_str(body, "prompt", "", max_len=limits.max_prompt_chars)
-    negative = get_str(body, "negative_prompt", "", max_len=limits.max_prompt_chars)
-
-    for key, text in (("prompt", prompt), ("negative_prompt", negative)):
-        st.registry.check_prompt(text, key)
-    name = get_str(body, "model", None, max_len=300)
-    model = st.registry.model(name, "model") if name else st.registry.model(st.options()["sd_model_checkpoint"])
-    n = get_int(body, "n", 1, 1, min(limits.max_images, limits.max_batch))
-    size = body.get("size")
-    width, height = get_size(body, limits)
     fmt = get_str(body, "response_format", "b64_json", max_len=40)
     if fmt not in ("b64_json", "url"):
         raise ApiError(400, f"response_format must be b64_json or url, got {fmt!r}", field="response_format")
     output = get_str(body, "output_format", "png", max_len=40)
     if output != "png":
         raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
-    steps = get_int(body, "steps", 20, 1, limits.max_steps)
-    cfg = get_float(body, "cfg_scale", None, 0.0, MAX_CFG)  # unset: the model family's (7 for SD, 1 for Flux)
-    sampler = get_str(body, "sampler_name", "Euler", max_len=100)
-    seed = get_int(body, "seed", -1, -1, 2**32 - 1 - n)
-    if seed == -1:
-        seed = secrets.randbelow(2**32 - limits.max_images)
-    ignored = [f"{k}: not used by Stable Diffusion models" for k in _NOT_HONOURED if body.get(k) is not None]
-    kwargs: dict[str, Any] = dict(steps=steps, cfg=cfg, sampler=sampler, width=width, height=height, batch=n)
+    width, height = openai_edits.get_grid_size(body, limits)
+    name = get_str(body, "model", None, max_len=300)
+    model = st.registry.model(name, "model") if name else None
+    txt2img: dict[str, Any] = {
+        key: body[key] for key in ("prompt", "negative_prompt", "steps", "seed", "cfg_scale", "sampler_name")
+        if body.get(key) is not None}
+    txt2img.update(batch_size=body.get("n", 1), width=width, height=height)
+    if model is not None:
+        txt2img["override_settings"] = {"sd_model_checkpoint": model.title}
     try:
-        validate(prompt, negative, seed=seed, **kwargs)
-    except SdrtError as exc:
-        if getattr(exc, "where", None) in ("width", "height"):  # the caller sent size, not width= / height=
-            raise size_refused(exc, size, limits) from None
-        raise from_pipeline(exc) from None
-    return Work(model, prompt, negative, kwargs, seed, n, 1, max_size=(limits.max_width, limits.max_height)), \
-        ignored, fmt
+        req = a1111.parse(txt2img, "txt2img", st.registry, limits, st.options())
+    except ApiError as exc:
+        raise _to_edits(exc) from None
+    ignored = [f"{k}: not used by Stable Diffusion models" for k in _NOT_HONOURED if body.get(k) is not None]
+    return req.work, ignored + req.not_honoured, fmt
 
 
 async def _answer(request: Request, st: ServerState, work: Work, job: Any, fmt: str, size: Any,
@@ -123,7 +110,7 @@ def _to_edits(exc: ApiError) -> ApiError:
     """A model's refusal for want of a picture (an inpainting or Fill model's mask, the refiner's init image) in
     the generations request's words: this route takes no picture, ``/v1/images/edits`` does (``image``, ``mask``)."""
     if exc.field not in ("init_images", "init_images[0]", "mask", "denoising_strength"):
-        return exc
+        return openai_edits.renamed(exc)  # batch_size -> n, width/height -> size, in this request's words
     edit = openai_edits.renamed(exc)
     return ApiError(exc.status, f"{edit.message} (at /v1/images/edits: /v1/images/generations takes no picture)",
                     field=edit.field)
