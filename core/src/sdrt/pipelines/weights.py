@@ -368,7 +368,7 @@ class WeightState:
                 for name, w, u in tags:
                     check_lora_scale(w, name, where=f"<lora:{name}:{w}> in {{@{key}}}")
                     check_lora_scale(u, name, where=f"<lora:{name}:{w}:{u}> in {{@{key}}}")
-                wanted += [(self.lora_file(name, key), w, None if u == w else u) for name, w, u in tags]
+                wanted += [(self._tag_lora(name, w, key), w, None if u == w else u) for name, w, u in tags]
             out.append(text)
         current = [(id(a.lora), a.scale, a.unet_scale) for a in self.loras]  # a changed file's Lora is another
         want_keys = [(id(self.lora(x[0]) if isinstance(x[0], (str, os.PathLike)) else x[0]), x[1],
@@ -376,6 +376,22 @@ class WeightState:
         if want_keys != current:
             self._activate(wanted)
         return out[0], out[1]
+
+    def _tag_lora(self, name: str, scale: float, key: str) -> Path:
+        """The file of a prompt's ``<lora:name:...>`` tag, read (and cached) here so that a file that is no LoRA
+        (a picture, a truncated download) is said as that tag's, not as a file the caller never named."""
+        from ..errors import SdrtError
+
+        path = self.lora_file(name, key)
+        try:
+            self.lora(path)
+        except SdrtError as exc:
+            said = "the negative prompt" if key == "negative_prompt" else "the prompt"
+            raise type(exc)(f"<lora:{name}:{scale:g}> in {said}: {path.name} cannot be read as a LoRA: {exc.what}",
+                            where=f"<lora:{name}:...> in {{@{key}}}",
+                            fix=f"replace {path.name} in the LoRA folder with the LoRA file itself (.safetensors), "
+                                f"or take the tag out of {said}") from None
+        return path
 
     def _activate(self, loras: Sequence[tuple[Any, ...]]) -> list[ActiveLora]:
         """``(path or Lora, scale)`` pairs, or ``(path or Lora, scale, unet_scale)`` from a prompt tag."""
