@@ -112,8 +112,8 @@ def config_from_args(args: argparse.Namespace) -> Any:
     if args.port > 65535:
         raise InputError(f"--port {args.port} is not a TCP port", where="--port", fix="pass a port from 0 to 65535")
     if not 0 < args.max_body_mb <= 4096:
-        raise InputError(f"--max-body-mb {args.max_body_mb} is out of range", where="--max-body-mb",
-                         fix="pass a size in MB between 0 and 4096")
+        raise InputError(f"--max-body-mb {args.max_body_mb:g} is out of range", where="--max-body-mb",
+                         fix="pass a size in MB above 0 and at most 4096 (e.g. 0.5 or 200)")
     if not args.ray:  # Ray's own flags would do nothing without it
         for flag, value in (("--ray-gpus", args.ray_gpus), ("--ray-address", args.ray_address)):
             if value:
