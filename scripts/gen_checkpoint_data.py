@@ -710,6 +710,22 @@ def build_vpred_refs() -> None:
     print("vpred refs: differ from eps:", {k: int(np.abs(v.astype(int) - eps.astype(int)).max()) for k, v in out.items()})
 
 
+def build_clip_skip_refs() -> None:
+    """``pipe-sd15/clipskip.npz``: diffusers' image of ``custom.safetensors`` at diffusers' ``clip_skip=1`` (A1111's
+    clip skip 2: the penultimate layer through the file's final layer norm), for the file run on its own (sdrt's
+    shipped weight-free graphs) to match. The committed file and image are rebuilt first and checked."""
+    import gen_pipeline_refs as gp
+
+    d = OUT / "pipe-sd15"
+    _, pl, _, _, _, case, imgs = checkpoint_pipeline(write=False)
+    committed = np.load(d / "refs.npz")["ckpt"]
+    plain = gp.run_case(pl, case, imgs)
+    assert int(np.abs(plain.astype(int) - committed.astype(int)).max()) <= 1, "the image is not the committed one"
+    skip = gp.run_case(pl, dict(case, clip_skip=1), imgs)
+    np.savez_compressed(d / "clipskip.npz", a1111_clip_skip_2=skip)
+    print("clip skip ref: differs from clip skip 1 by", int(np.abs(skip.astype(int) - plain.astype(int)).max()))
+
+
 def build_bench_folder(out: Path) -> None:
     """A mid-size SD 1.x-architecture folder (~0.4 GB, random weights; not committed) with an LDM checkpoint of
     other weights and a kohya LoRA, for ``python -m bench.checkpoint_swap --folder OUT ...``."""
@@ -787,6 +803,8 @@ def main() -> None:
         build_pipeline_refs()
     elif step == "vpred":
         build_vpred_refs()
+    elif step == "clipskip":
+        build_clip_skip_refs()
     elif step == "bench-folder":
         build_bench_folder(Path(sys.argv[2]))
     elif step == "te-t4":

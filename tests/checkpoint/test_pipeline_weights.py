@@ -289,3 +289,20 @@ def test_dry_run_plans_the_prediction_the_checkpoint_says(tmp_path, capsys):
     shutil.copy(D / "custom.safetensors", tmp_path / "plain.safetensors")  # says nothing: the folder's eps
     assert main([*argv, "--weights", str(tmp_path / "plain.safetensors")]) == 0
     assert "model sampling eps," in capsys.readouterr().out
+
+
+def test_clip_skip_on_a_single_file_run_on_its_own_matches_diffusers(tmp_path):
+    """A single file on sdrt's weight-free graphs (its weights are the parts' default_weights) at clip skip 2: the
+    run plan's dry pass read the final layer norm from the graph, whose weights file is not shipped, and every
+    such run failed with "external-data file 'clip_l.weights.safetensors' ... is missing"."""
+    import single_file_helpers as h
+
+    graphs = h.stripped(PIPE_FOLDER, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    ref = np.load(D / "clipskip.npz")["a1111_clip_skip_2"][0]  # diffusers, clip_skip=1 (A1111's 2)
+    with pipelines.load(D / "custom.safetensors", backend="openvino", graph_paths=graphs,
+                        tokenizers={"tokenizer": PIPE_FOLDER / "tokenizer"}) as pipe:
+        assert pipe.text_encoder.default_weights is not None  # the file's, on the weight-free graph
+        img = pipe(CASE["prompt"], CASE["negative_prompt"], clip_skip=2, **KW)[0]
+        plain = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
+    assert _mean_diff(img, ref) < MEAN_TOL
+    assert _mean_diff(plain, ref) > 30  # clip skip 1 is told apart (0.0 and 36 measured on a Zen 5)

@@ -106,7 +106,8 @@ class TextEncoder:
         while name not in graph.initializer_names and name in producer and producer[name].op_type == "Identity":
             name = producer[name].input[0]
         if name in graph.initializer_names:
-            current = self.part.weights  # a checkpoint's norm, once one is bound
+            # a checkpoint's norm, once one is bound; a single file's, bound onto the shipped weight-free graph
+            current = self.part.weights if self.part.weights is not None else self.part.default_weights
             if current is not None and name in current:
                 return np.asarray(current[name], dtype=np.float32)
             return np.asarray(graph.initializer_arrays([name])[name], dtype=np.float32)
