@@ -51,6 +51,15 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'sdrt' has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The lazy names and the submodules too (``sdrt.pipelines``, ``sdrt.lora``): an IDE or IPython completes
+    ``sdrt.pip`` from ``dir(sdrt)``, which listed only what had been imported so far."""
+    import pkgutil
+
+    subs = (m.name for m in pkgutil.iter_modules(__path__) if not m.name.startswith("_"))
+    return sorted({*globals(), *_LAZY, *subs})
+
+
 __all__ = [
     "API_VERSION",
     "Backend",

@@ -277,8 +277,9 @@ def to_rgb(value: ImageLike, what: str = "init image", where: str | None = None)
 
 def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     """The mask's grey levels, HxW uint8 (white = repaint), at its own size: a path, a Pillow image, an HxW array
-    (bool, uint8, or float in [0, 1]) or an HxWx3/4 image (luma, as Pillow's ``convert("L")``); ``where``: the
-    argument it was given as (its errors name it)."""
+    (bool, uint8, or float in [0, 1]) or an HxWx3/4 image (luma, as Pillow's ``convert("L")``; an HxWx4 one with
+    transparency: its alpha, as ``pil_mask`` reads an RGBA Pillow mask); ``where``: the argument it was given as
+    (its errors name it)."""
     path = _path(value)
     if path is not None:
         return _open_file(path, "mask", where)
@@ -287,8 +288,11 @@ def mask_gray(value: ImageLike, where: str = "mask") -> np.ndarray:
     arr = _array(value, "mask", where)
     if arr.dtype == bool:
         arr = arr.astype(np.uint8) * 255
-    if arr.ndim == 3 and arr.shape[-1] in (3, 4):
-        rgb = _to_uint8(arr[..., :3], "mask", where).astype(np.uint32)
+    if arr.ndim == 3 and arr.shape[-1] == 4:  # as pil_mask: with transparency, the alpha (painted = opaque)
+        rgba = _to_uint8(arr, "mask", where)
+        arr = rgba[..., 3] if (rgba[..., 3] != 255).any() else rgba[..., :3]
+    if arr.ndim == 3 and arr.shape[-1] == 3:
+        rgb = _to_uint8(arr, "mask", where).astype(np.uint32)
         arr = ((rgb[..., 0] * 299 + rgb[..., 1] * 587 + rgb[..., 2] * 114 + 500) // 1000).astype(np.uint8)
     elif arr.ndim == 3 and arr.shape[-1] == 1:
         arr = arr[..., 0]

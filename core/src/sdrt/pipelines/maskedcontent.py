@@ -30,7 +30,10 @@ A1111_FILL = {0: FILL, 1: ORIGINAL, 2: "latent noise", 3: "latent nothing"}
 
 
 def check(value: Any) -> str:
-    """``masked_content``: one of :data:`MODES` (any case; ``_`` or ``-`` for the space)."""
+    """``masked_content``: one of :data:`MODES` (any case; ``_`` or ``-`` for the space), or A1111's
+    ``inpainting_fill`` number (0 to 3, :data:`A1111_FILL`), as ``resize_mode`` takes A1111's numbers."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool) and int(value) in A1111_FILL:
+        return A1111_FILL[int(value)]
     return one_of(value, MODES, "masked_content")
 
 

@@ -635,6 +635,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             if kwargs:
                 raise InputError("settings and keyword arguments were both given", where=", ".join(kwargs),
                                  fix="pass either validate(...)'s Settings or the keyword arguments")
+            if negative_prompt not in (None, "", given.negative_prompt):  # it was dropped without a word
+                raise InputError("settings and a negative_prompt were both given; the Settings carry their own "
+                                 f"({given.negative_prompt!r:.60})", where="negative_prompt",
+                                 fix="pass it to validate(...), or leave it out here")
             prompt, negative_prompt = given.prompt, given.negative_prompt
         raw = (prompt, negative_prompt)  # with their <lora:...> tags, for a hires checkpoint (hiresmodel.resolve)
         if self._dry:

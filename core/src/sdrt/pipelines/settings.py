@@ -101,6 +101,10 @@ _HIGH = {"steps": MAX_STEPS, "batch": MAX_BATCH, "batch_count": MAX_BATCH_COUNT,
          "height": MAX_SIDE, "max_sequence_length": MAX_SEQUENCE_LENGTH}
 
 
+#: the range of Flux dev's distilled ``guidance`` (as cfg's; sdrt serve's distilled_cfg_scale too) and of ``shift``
+_FLOW_RANGE = {"guidance": (0.0, MAX_CFG), "shift": (0.01, 100.0)}
+
+
 def _int(name: str, value: Any, low: int) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < low:
         raise InputError(f"{{@{name}}} must be an integer >= {low}, got {value!r}", where=name,
@@ -207,9 +211,11 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
             raise InputError("{@image_cfg} guides an InstructPix2Pix model by its input image", where="image_cfg",
                              fix="pass {@init_image=} (the picture to edit), or leave {@image_cfg} unset")
     for name, value in (("guidance", guidance), ("shift", shift)):
-        if value is not None and (not _number(value) or not math.isfinite(value)
-                                  or value <= (0 if name == "shift" else -1e-12)):
-            raise InputError(f"{{@{name}}} must be a finite number {'> 0' if name == 'shift' else '>= 0'}, got {value!r}",
+        # bounded as cfg is (1e300 ran the whole model into NaN latents, said as the backend's fault); a shift as
+        # ComfyUI's ModelSamplingSD3/Flux nodes take it (0.01 to 100; 1e-30 rounds to 0 in float32: NaN too)
+        low, high = _FLOW_RANGE[name]
+        if value is not None and (not _number(value) or not math.isfinite(value) or not low <= value <= high):
+            raise InputError(f"{{@{name}}} must be a finite number from {low:g} to {high:g}, got {value!r}",
                              where=name, fix=f"use e.g. {3.5 if name == 'guidance' else 3}")
     if not _number(guidance_rescale) or not 0 <= guidance_rescale <= 1:
         raise InputError(f"{{@guidance_rescale}} must be a number from 0 to 1, got {guidance_rescale!r}",
@@ -243,7 +249,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
             raise InputError("{@strength_rule} applies only with an init image", where="strength_rule",
                              fix="pass {@init_image=}, or leave {@strength_rule} unset")
     if init_image is not None:
-        check_path(init_image, "init image")
+        _check_image(init_image, "init_image", "init image")
         init_strength = strength
         strength = float(strength if strength is not None else (1.0 if mask is not None else 0.75))
         schedule(steps, strength, rule)  # A1111's fixed steps: a stretched schedule within the bounds
@@ -256,7 +262,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                              where=given,
                              fix=f"raise {{@strength}} to at least {1 / steps:.3g}, or {{@steps}}")
     if mask is not None:
-        check_path(mask, "mask")
+        _check_image(mask, "mask", "mask")
     from .maskedcontent import check as check_content
 
     content = "original"
@@ -280,7 +286,7 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
 
     fit = resize_mode_of(resize_mode)
     if control_image is not None:
-        check_path(control_image, "control image")
+        _check_image(control_image, "control_image", "control image")
     from .reference import references_of
 
     references = references_of(reference_images)
@@ -305,6 +311,15 @@ def validate(prompt: str, negative_prompt: str | None = "", *, steps: int = 20, 
                     inpaint_area=area, inpaint_padding=padding, mask_blur=blur, mask_overlay=overlay,
                     image_cfg=None if image_cfg is None else float(image_cfg), strength_given=strength is not None
                     and init_image is not None and init_strength is not None)
+
+
+def _check_image(value: Any, name: str, what: str) -> None:
+    """An image argument that is a path: an empty one (an app's "no picture") is said as empty, not read as the
+    current folder ("the init image . is a folder"); then ``check_path``."""
+    if isinstance(value, (str, bytes)) and not value:
+        raise InputError(f"{{@{name}}} is an empty path", where=name,
+                         fix=f"pass the {what}, or leave {{@{name}}} unset")
+    check_path(value, what)
 
 
 def _mask_options(blur: Any, overlay: Any, mask: Any) -> tuple[tuple[int, int], bool]:
@@ -368,6 +383,10 @@ KEYWORDS = ("steps", "cfg", "sampler", "schedule", "seed", "width", "height", "i
             *TOOLBOX_KEYWORDS)
 
 
+#: every argument of generate by name, for "did you mean" (prompt and negative_prompt are positional ones)
+_ARGUMENTS = ("prompt", "negative_prompt", *KEYWORDS, "callback")
+
+
 #: other libraries' names for these arguments (diffusers', A1111's API): what to pass here instead. A near spelling
 #: is no guide for them: difflib offered hires_steps for num_inference_steps, hires_scale for cfg_scale, and
 #: guidance (Flux dev's distilled guidance) for diffusers' guidance_scale, which is the CFG scale for SD
@@ -410,8 +429,13 @@ def check_keywords(kwargs: dict[str, Any]) -> None:
 
     for key in kwargs:
         if key not in KEYWORDS:
+            if key == "callback":  # generate()'s own argument: it reaches here from validate() or plan()
+                raise InputError("{@callback} is generate()'s: it is called after each step, and validate() and "
+                                 "plan() run no step", where="callback",
+                                 fix="pass callback to pipe.generate(...) or pipe(...), and leave it out here")
             other = _OTHER_NAMES.get(key)
-            close = None if other else difflib.get_close_matches(key, KEYWORDS, n=1)
+            # prompt and negative_prompt too (a typo of one, "negative_promt", was offered hires_negative_prompt)
+            close = None if other else difflib.get_close_matches(key, _ARGUMENTS, n=1)
             hint = f"pass {other} instead; " if other else f"did you mean {close[0]}? " if close else ""
             raise InputError(f"unknown argument {key!r}", where=key,
                              fix=hint + "the arguments are prompt, negative_prompt, " + ", ".join(KEYWORDS)
