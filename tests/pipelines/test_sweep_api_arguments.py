@@ -116,3 +116,11 @@ def test_a_negative_prompt_beside_settings_is_refused_not_dropped() -> None:
             pipe.generate(s, "blue background")
         assert info.value.where == "negative_prompt" and "validate(...)" in info.value.fix
         assert pipe.generate(s, "").negative_prompt == ""  # the default and the Settings' own still run
+
+
+def test_an_unknown_preprocessor_is_offered_the_near_name() -> None:
+    from sdrt.pipelines import ControlNet
+
+    with pytest.raises(InputError) as info:
+        validate("a cat", controlnets=[ControlNet("net", np.zeros((8, 8, 3), np.uint8), preprocessor="cany")])
+    assert info.value.fix.startswith("did you mean canny? ")

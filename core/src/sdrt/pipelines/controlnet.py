@@ -354,8 +354,11 @@ def parse_units(controlnets: Any) -> list[ControlNet]:
 
         unit.preprocessor = INPAINT_ALIASES.get(unit.preprocessor, unit.preprocessor)
         if unit.preprocessor not in PREPROCESSORS:
+            import difflib
+
+            near = difflib.get_close_matches(str(unit.preprocessor), list(PREPROCESSORS), n=1)
             raise InputError(f"unknown ControlNet preprocessor {unit.preprocessor!r}", where=where,
-                             fix=f"use one of {', '.join(PREPROCESSORS)}")
+                             fix=(f"did you mean {near[0]}? " if near else "") + f"use one of {', '.join(PREPROCESSORS)}")
         arg = "pose_models" if unit.preprocessor_models is None and unit.pose_models is not None else \
             "preprocessor_models"
         if unit.preprocessor_models is not None and unit.pose_models is not None \
