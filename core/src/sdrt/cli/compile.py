@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import SdrtError
+from ..errors import InputError, SdrtError
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -43,8 +44,11 @@ def parse_shapes(specs: list[str]) -> dict[str, Any]:
         except ValueError:
             values = None
         if values is None or any(v < 1 for v in values):
-            raise SdrtError(f"bad --shape {spec!r}", where="sdrt compile",
+            raise SdrtError(f"bad --shape {spec!r}", where="--shape",
                             fix="write it as NAME=1x4x64x64 for an input, or DIM=2 for a symbolic dim")
+        if name in shapes:  # the last one won in silence
+            raise InputError(f"--shape {name!r} is given twice", where=f"--shape {spec}",
+                             fix=f"give one --shape {name}=...")
         shapes[name] = values[0] if len(values) == 1 and "x" not in dims.lower() else values
     return shapes
 
@@ -54,7 +58,10 @@ def parse_options(specs: list[str]) -> dict[str, Any]:
     for spec in specs:
         key, sep, value = spec.partition("=")
         if not sep or not key:
-            raise SdrtError(f"bad --option {spec!r}", where="sdrt compile", fix="write it as KEY=VALUE")
+            raise SdrtError(f"bad --option {spec!r}", where="--option", fix="write it as KEY=VALUE")
+        if key in options:  # the last one won in silence
+            raise InputError(f"--option {key!r} is given twice", where=f"--option {spec}",
+                             fix=f"give one --option {key}=VALUE")
         try:
             options[key] = json.loads(value)
         except ValueError:
@@ -62,11 +69,43 @@ def parse_options(specs: list[str]) -> dict[str, Any]:
     return options
 
 
+def check_output(arg: str) -> None:
+    """-o before the build, which takes minutes for a large model: an existing folder, device, FIFO or socket, or a
+    dangling symlink is refused now. A backend found it only after the build, or wrote into it (``-o /dev/null``
+    printed "wrote /dev/null  0 bytes"; ``-o DIR`` and a dangling link ended in an OSError traceback)."""
+    import stat
+
+    from .paths import check_links
+
+    check_links({"-o": arg})
+    try:
+        mode = os.stat(arg).st_mode
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise InputError(f"cannot look at -o {arg} ({exc.strerror or exc})", where="-o",
+                         fix="pass another -o path") from exc
+    if stat.S_ISDIR(mode):
+        raise InputError(f"-o {arg} is a folder that exists; sdrt compile writes a new file (or a new .mlpackage "
+                         "folder)", where="-o", fix=f"give a file name, such as {Path(arg) / 'model.engine'}")
+    if not stat.S_ISREG(mode):
+        raise InputError(f"-o {arg} is not a regular file (a device, FIFO or socket); sdrt compile writes its "
+                         "output only to a file", where="-o", fix="give a file name, such as model.engine")
+
+
 def run(args: argparse.Namespace) -> int:
     from ..graph import Graph
     from ..plugins import get_registry
     from ..runtime import _named_backend, _open_weights
 
+    if args.list_targets:  # it builds nothing: a build flag beside it was ignored in silence
+        given = [flag for flag, value in (("--target", args.target), ("--output", args.output),
+                                          ("--weights", args.weights), ("--shape", args.shape),
+                                          ("--option", args.option)) if value]
+        if given:
+            raise InputError(f"--list-targets prints the backend's targets and builds nothing, so "
+                             f"{' and '.join(given)} would be ignored", where="--list-targets",
+                             fix=f"drop {' and '.join(given)}, or drop --list-targets to build")
     backend = _named_backend(get_registry(), args.backend)
     targets = backend.targets()
     if args.list_targets:
@@ -80,11 +119,18 @@ def run(args: argparse.Namespace) -> int:
                         fix=f"pass --target (one of {', '.join(targets)}) and -o FILE")
     options = parse_options(args.option)
     if args.shape:
+        if "shapes" in options:  # --shape replaced it in silence
+            raise InputError("--shape and --option shapes=... both pin the input shapes", where="--shape",
+                             fix="give the shapes one way: --shape NAME=DxD (repeatable), or --option shapes=JSON")
         options["shapes"] = parse_shapes(args.shape)
     from .paths import check_writes, refuse_stdout
 
     refuse_stdout(args.output, "compile", "")
+    check_output(args.output)
     check_writes({"-o": args.output}, {"MODEL": args.model, "--weights": args.weights})
+    from .run import weights_once
+
+    weights_once(args.weights)
     graph = Graph.load(args.model)
     if "DequantizeLinear" in graph.op_counts():  # quantized weights: as sdrt.load gives them to this backend
         from ..quantization import for_backend

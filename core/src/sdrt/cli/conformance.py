@@ -80,6 +80,12 @@ def run(args: argparse.Namespace) -> int:
             from ..pipelines.png import output_target
 
             output_target(getattr(args, key), key, ".json" if key == "json" else ".md")
+    if args.json is not None and args.markdown is not None:
+        from .paths import _same_file
+
+        if _same_file(args.json, args.markdown):  # the Markdown table replaced the JSON summary in silence
+            raise SdrtError(f"--json and --markdown name one file ({args.markdown}), so the table would overwrite "
+                            "the summary", where="--markdown", fix="give --json and --markdown different files")
     plugin_registry(args.plugin_module)
     suite = BackendTest(args.backend, args.device, suites=tuple(args.suite or ("node", "light")),
                         **_options(args.option))

@@ -27,6 +27,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
 def run(args: argparse.Namespace) -> int:
     from ..installer import install, plan
 
+    check_sources(args.find_links, args.index_url)
     extra: list[str] = []
     for link in args.find_links:
         extra += ["--find-links", link]
@@ -46,3 +47,26 @@ def run(args: argparse.Namespace) -> int:
     added = ", ".join(f"{k} {v}" for k, v in sorted(result.added.items())) or "nothing new"
     print(f"installed: {added}")
     return 0
+
+
+def check_sources(find_links: list[str], index_url: str | None) -> None:
+    """Where pip is told to look, checked before it runs (and in a dry run, whose command would fail): pip ignores a
+    --find-links or --index-url that is neither a URL nor a path that exists with a warning ("lacks a specific
+    scheme"), then says only that no matching distribution was found."""
+    import os
+    from urllib.parse import urlsplit
+
+    from ..errors import InputError
+
+    for link in find_links:
+        if "://" not in link and not os.path.exists(link):
+            raise InputError(f"--find-links {link} is neither a URL nor a folder or file that exists", where="--find-links",
+                             fix="pass a folder of wheels that exists, or a URL such as https://example.com/wheels/")
+    if index_url is not None:
+        parts = urlsplit(index_url)
+        url = parts.scheme in ("http", "https") and parts.netloc or parts.scheme == "file"
+        if not url and not os.path.isdir(index_url):  # pip takes a folder laid out as an index too
+            raise InputError(f"--index-url {index_url} is neither an http(s) or file URL nor a folder that exists",
+                             where="--index-url",
+                             fix="pass a package index URL such as https://pypi.org/simple (a folder of wheels goes "
+                                 "to --find-links)")

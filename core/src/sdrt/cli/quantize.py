@@ -35,6 +35,9 @@ def run(args: argparse.Namespace) -> int:
         raise SdrtError(f"--block-size applies to int4, and --to {args.to} scales per output channel",
                         where="--block-size", fix="leave --block-size out, or pass --to int4")
     block_size = 32 if args.block_size is None else args.block_size
+    if args.plan and args.output is not None:  # --plan writes nothing: -o was ignored in silence
+        raise SdrtError("--plan lists the weights and writes nothing, so -o would be ignored", where="-o",
+                        fix="drop -o to see the plan, or drop --plan to write the graph")
     src = Path(args.model)
     from .paths import check_suffix, refuse_stdout
 
@@ -44,6 +47,9 @@ def run(args: argparse.Namespace) -> int:
     # a given -o's folder exists (as generate's -o): nothing is created; the default sits beside MODEL
     # (check_outputs below refuses an output that is one of the model's files, its external data included)
     check_writes({"-o": out if args.output else None}, {})
+    from .paths import check_links
+
+    check_links({"-o": out})  # it quantized the whole graph, then failed to write ("check free disk space")
     graph = Graph.load(src)
     inputs = input_files(graph)
     data_out = out.with_name(f"{out.name}_data")  # written beside -o for a graph above 2 GB

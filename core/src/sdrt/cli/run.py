@@ -161,6 +161,7 @@ def run(args: argparse.Namespace) -> int:
     output = output_file(args.output, ".npz")  # before compiling: a bad path fails at once
     check_writes({"-o": output}, {"MODEL": args.model, "--input": [s.partition("=")[2] for s in args.input],
                                   "--weights": args.weights})
+    weights_once(args.weights)
     feeds = parse_inputs(args.input)
     graph = Graph.load(args.model)
     check_inputs(graph, feeds, args.input)
@@ -197,6 +198,19 @@ def run(args: argparse.Namespace) -> int:
 
     print(printable(f"wrote {output}"))
     return 0
+
+
+def weights_once(weights: list[str] | None) -> None:
+    """Refuse a --weights file given twice (or a link to it): opening them read its tensors twice, and the
+    refusal spoke the API ("Where: Weights.open. What to do: open the files separately")."""
+    from .paths import _same_file
+
+    files = weights or []
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            if _same_file(a, b):
+                what = f"--weights {a} is given twice" if a == b else f"--weights {a} and {b} name one file"
+                raise InputError(what, where="--weights", fix=f"give --weights {a} once")
 
 
 def _savable(value: Any) -> Any:

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import printable
+from ..errors import InputError, printable
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -46,6 +46,10 @@ def run(args: argparse.Namespace) -> int:
     # given paths' folders exist (as generate's -o): nothing is created; the defaults sit beside MODEL or -o
     # (check_outputs below refuses an output that is one of the model's files, its external data included)
     check_writes({"-o": out if args.output else None, "--weights": weights if args.weights else None}, {})
+    from .paths import check_links
+
+    check_links({"-o" if args.output else "the default -o": out,
+                 "--weights" if args.weights else "the default --weights (-o with .safetensors)": weights})
     graph = Graph.load(src, load_external=False)
     inputs = input_files(graph)
     check_outputs({"-o" if args.output else "the default -o": out,
@@ -54,9 +58,24 @@ def run(args: argparse.Namespace) -> int:
         check_suffix(args.output, ".onnx")
     if args.weights:
         check_suffix(args.weights, ".safetensors", "--weights")
+    _check_beside(out, weights, args)
     original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
     res = graph.strip(out, weights)
     print(printable(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes"))
     print(printable(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)"))
     print(f"original: {original:,} bytes")
     return 0
+
+
+def _check_beside(out: Path, weights: Path, args: argparse.Namespace) -> None:
+    """The weights inside the graph's folder (the graph names them by a path relative to its own folder), in the
+    command's words: graph.strip's refusal named no flag, and not the symlink that moved -o's folder."""
+    folder = out.resolve().parent
+    if folder in weights.resolve().parents:
+        return
+    moved = f" (-o is a symlink to {out.resolve()})" if out.is_symlink() else ""
+    flag = "--weights" if args.weights else "-o"
+    raise InputError(f"the weights file {weights} is not in the folder of the stripped graph {out}{moved}, and an "
+                     "ONNX graph finds its external data only in its own folder (or below it)", where=flag,
+                     fix=f"pass -o the link's target itself, or --weights a path in its folder ({folder})" if moved
+                     else "pass --weights a file name in the graph's folder (a bare name goes there)")
