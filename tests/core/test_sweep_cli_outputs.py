@@ -70,3 +70,16 @@ def test_run_refuses_one_weights_file_given_twice(affine_path, tmp_path, capsys)
     err = _error(capsys)
     assert "is given twice. Where: --weights." in err and "Weights.open" not in err
     assert not (tmp_path / "o.npz").exists()
+
+
+def test_weights_that_are_a_npy_array_are_named_as_such(tmp_path, capsys):
+    """sdrt run --weights x.npy said "header length 379676406402707 does not fit the file"."""
+    import numpy as np
+
+    from sdrt.errors import WeightsError
+    from sdrt.weights import Weights
+
+    np.save(tmp_path / "x.npy", np.ones(3, np.float32))
+    with pytest.raises(WeightsError) as err:
+        Weights.open(tmp_path / "x.npy")
+    assert "x.npy is not safetensors: it looks like a NumPy .npy array" in str(err.value)

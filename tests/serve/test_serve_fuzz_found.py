@@ -264,7 +264,8 @@ def test_a_broken_lora_is_named_with_its_field(models_dir, tmp_path) -> None:
         for key in ("prompt", "negative_prompt"):
             message, field = _refused(c.post("/sdapi/v1/txt2img", json={**T2I, key: "x <lora:bad:1>"}), 400)
             assert field == key and message.startswith(
-                f"the model demo-a refused the request: {key}: bad.safetensors: header length"), message
+                f"the model demo-a refused the request: <lora:bad:1> in {key}: bad.safetensors cannot be read as a "
+                "LoRA: header length"), message
             assert str(tmp_path) not in message
 
 

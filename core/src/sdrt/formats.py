@@ -41,6 +41,8 @@ def sniff(head: bytes) -> str | None:
         return PICKLE_HINT
     if head[:4] == b"GGUF":
         return "a GGUF file"
+    if head[:6] == b"\x93NUMPY":  # a feed given where weights go (sdrt run --weights x.npy)
+        return "a NumPy .npy array"
     if head.startswith(b"version https://git-lfs.github.com/spec/"):
         return LFS_HINT
     if head.lstrip()[:15].lower().startswith((b"<!doctype html", b"<html")):

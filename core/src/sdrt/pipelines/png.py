@@ -187,7 +187,7 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     if os.path.islink(target):  # os.path: a name too long to stat is the OSError below, not a traceback here
         real = Path(os.path.realpath(target))
         if not real.exists():
-            raise PngError(f"{text} is a symlink to {real}, which does not exist, and images are not written "
+            raise PngError(f"{text} is a symlink to {real}, which does not exist, and no output is written "
                            "through a dangling symlink (as cp does not)", where=where,
                            fix="create the target, remove the link, or pick another file name")
         target = real

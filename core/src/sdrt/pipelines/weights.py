@@ -386,11 +386,10 @@ class WeightState:
         try:
             self.lora(path)
         except SdrtError as exc:
-            said = "the negative prompt" if key == "negative_prompt" else "the prompt"
-            raise type(exc)(f"<lora:{name}:{scale:g}> in {said}: {path.name} cannot be read as a LoRA: {exc.what}",
-                            where=f"<lora:{name}:...> in {{@{key}}}",
+            raise type(exc)(f"<lora:{name}:{scale:g}> in {{@{key}}}: {path.name} cannot be read as a LoRA: "
+                            f"{exc.what}", where=key,  # the argument (a server's field) the tag is in
                             fix=f"replace {path.name} in the LoRA folder with the LoRA file itself (.safetensors), "
-                                f"or take the tag out of {said}") from None
+                                f"or take the tag out of {{@{key}}}") from None
         return path
 
     def _activate(self, loras: Sequence[tuple[Any, ...]]) -> list[ActiveLora]:

@@ -89,6 +89,9 @@ def read_header(path: Path) -> tuple[dict[str, Entry], dict[str, str]]:
                     raise _bad(f"{path.name} is {kind}, not a model or weights file", path,
                                "pass the model or weights file this takes; a picture is an input: {@init_image} "
                                "for img2img")
+                if kind is not None and kind != "a safetensors weights file":  # a .npy feed, a pickle, a GGUF file
+                    raise _bad(f"{path.name} is not safetensors: it looks like {kind}", path,
+                               "pass a .safetensors weights file here")
                 raise _bad(f"header length {n} does not fit the file ({size} bytes): truncated or not safetensors", path)
             raw = f.read(n)
     except OSError as exc:

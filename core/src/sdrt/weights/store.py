@@ -172,7 +172,8 @@ class Weights(Mapping[str, np.ndarray]):
                 raw[name] = ref
         if dups:
             raise WeightsError(f"the same tensor name is in several files: {', '.join(dups)}",
-                               where="Weights.open", fix="open the files separately, or drop duplicates")
+                               where="{@weights}", fix="give each tensor in one file only: drop one of the files "
+                               "that hold it (a file given twice, or two exports of one part)")
         raw = comfyquant.fold(raw, headers)  # ComfyUI's per-layer fp8/int8 (X.comfy_quant, X.weight_scale)
         raw = _fold_fp8_scales(raw)
         raw, packed = bnb.fold(raw)  # bitsandbytes NF4/FP4 weights: each read as its bf16/fp16 values
