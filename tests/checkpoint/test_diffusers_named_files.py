@@ -95,3 +95,16 @@ def test_an_sd2_unet_in_diffusers_names_is_told_v_or_eps_by_the_same_bias(tmp_pa
         == "v_prediction"
     assert sd2_prediction(tmp_path / "u.safetensors", Weights.from_arrays({key: spread * 0.1}), "", diffusers=True) \
         == "epsilon"
+
+
+@pytest.mark.parametrize(("graph", "family", "blocks"), [
+    ("sd1_unet", "sd1", [320, 640, 1280, 1280]), ("sd2_unet", "sd2", [320, 640, 1280, 1280]),
+    ("sdxl_unet", "sdxl", [320, 640, 1280]), ("sdxl_refiner_unet", "sdxl-refiner", [384, 768, 1536, 1536])])
+def test_the_down_blocks_of_a_full_size_unet_come_from_its_weights(tmp_path, graph, family, blocks):
+    """A single file's UNet has no config.json: its down blocks (the multiple of its sides: 64 pixels, 32 for SDXL)
+    are read from the bound weights, as the release's config.json gives them."""
+    from sdrt.pipelines.folder import unet_blocks
+
+    f = h.sparse(tmp_path / "diffusion_pytorch_model.safetensors", _graph_shapes(graph))
+    (_, w), = open_single_file(f, parts=["unet"]).parts.values()
+    assert unet_blocks(w) == blocks

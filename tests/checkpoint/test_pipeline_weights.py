@@ -306,3 +306,21 @@ def test_clip_skip_on_a_single_file_run_on_its_own_matches_diffusers(tmp_path):
         plain = pipe(CASE["prompt"], CASE["negative_prompt"], **KW)[0]
     assert _mean_diff(img, ref) < MEAN_TOL
     assert _mean_diff(plain, ref) > 30  # clip skip 1 is told apart (0.0 and 36 measured on a Zen 5)
+
+
+def test_a_single_file_says_which_sides_its_unet_makes(tmp_path):
+    """A single file's UNet has no config.json: a side off its latent grid failed in shape inference ("Inferred=13
+    Declared=14 ... re-export the model"), and an init image was not fitted to the grid, where the ONNX folder
+    said "use 192 or 256" and fitted the picture. The down blocks now come from the file's weights."""
+    import single_file_helpers as h
+    from PIL import Image
+
+    graphs = h.stripped(PIPE_FOLDER, ["unet", "text_encoder", "vae_decoder", "vae_encoder"], tmp_path / "g")
+    with pipelines.load(D / "custom.safetensors", backend="openvino", graph_paths=graphs,
+                        tokenizers={"tokenizer": PIPE_FOLDER / "tokenizer"}) as pipe:
+        assert pipe.folder.configs["unet"]["block_out_channels"] == [8, 16]  # tiny-sd15's, as its config.json
+        assert pipe._size_multiple() == 16  # 8 x 2 ** (down blocks - 1): 64 for SD 1.5's four
+        # (this tiny export is fixed at 64x64, so the refusal of an off-grid side is a fixed-size model's here; the
+        # full-size shipped graphs are dynamic: `sdrt generate FILE --height 240` says "use 192 or 256")
+        picture = Image.new("RGB", (75, 70), (200, 40, 40))
+        assert pipe.generate("a cat", steps=2, init_image=picture).images[0].shape == (64, 64, 3)

@@ -177,6 +177,10 @@ class ModelFolder:
         for part in opened.parts:
             if part in ("unet", "transformer"):
                 configs[part] = dict(denoiser)
+                if part == "unet":  # the sides it makes (Pipeline._size_multiple) and why it refuses one
+                    blocks = unet_blocks(opened.parts[part][1])
+                    if blocks:
+                        configs[part]["block_out_channels"] = blocks
             else:
                 configs[part] = dict(release.get("vae", {})) if part.startswith("vae") else {}
         given = {k: Path(v) for k, v in (tokenizers or {}).items()}
@@ -317,3 +321,20 @@ class ModelFolder:
         log.info("%s: %s (%s-prediction), parts %s", root, family, folder.prediction, ", ".join(parts))
         return folder
 
+
+def unet_blocks(weights: Any) -> list[int]:
+    """A UNet's ``block_out_channels`` read from its bound weights (``down_blocks.N.resnets.0.conv1.weight``'s
+    output channels): a single file's UNet has no config.json, and the number of down blocks sets the multiple of
+    its sides (64 pixels for SD 1.x/2.x and the SDXL refiner, 32 for SDXL). Empty when the names do not show it."""
+    import re
+
+    shapes = weights.shapes() if weights is not None and hasattr(weights, "shapes") else {}
+    found: dict[int, int] = {}
+    for name, shape in shapes.items():  # the name may carry a prefix (an export's "unet.")
+        m = re.search(r"(?:^|\.)down_blocks\.(\d+)\.resnets\.0\.conv1\.weight$", name)
+        if m and len(shape) == 4:
+            found[int(m.group(1))] = int(shape[0])
+    out = []
+    while len(out) in found:
+        out.append(found[len(out)])
+    return out
