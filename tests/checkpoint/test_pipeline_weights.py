@@ -107,6 +107,12 @@ def test_embedding_by_name_in_the_prompt_matches_diffusers(pipe, refs):
     assert _mean_diff(gen.images[0], refs["emb"]) < MEAN_TOL
     assert "tinyemb: " in str(gen.settings[0]["TI hashes"])
     assert gen.settings[0]["Model"] == "custom" and len(str(gen.settings[0]["Model hash"])) == 10
+    # A1111 names the embeddings the prompts use: a loaded one that no prompt holds is not listed (it was)
+    unused = pipe.generate(CASE["prompt"], CASE["negative_prompt"], **QUICK).settings[0]
+    assert "TI hashes" not in unused, unused
+    negative = pipe.generate(CASE["prompt"], "TinyEmb, blurry", **QUICK).settings[0]  # any case, the negative too
+    assert "tinyemb: " in str(negative["TI hashes"])
+    assert "TI hashes" not in pipe.generate(CASE["prompt"], "tinyembx", **QUICK).settings[0]  # not a whole word
     # a checkpoint loaded after the embedding keeps it
     pipe.load_weights(D / "custom.safetensors")
     again = pipe.generate(CASES["emb_prompt"], CASE["negative_prompt"], **KW).images[0]

@@ -1527,7 +1527,9 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
 
             info.update(vae_infotext(self.folder.vae_file))
         if self._weight_state is not None:
-            info.update(self._weight_state.infotext())
+            hires = s.toolbox.hires if s.toolbox is not None else None
+            texts = [s.prompt, s.negative_prompt, *((hires.prompt, hires.negative_prompt) if hires else ())]
+            info.update(self._weight_state.infotext(texts))
         info.update(self.family.infotext(s))
         if s.reference_images:
             from .reference import infotext

@@ -661,8 +661,9 @@ class WeightState:
             self._bind(name, overrides, lora=bool(merged.get(name)))
         self.pipe._release(*names)  # low-memory mode: the graphs read for mapping are dropped again
 
-    def infotext(self) -> dict[str, object]:
-        """A1111's PNG fields for what is loaded: ``Model``/``Model hash``, ``Lora hashes``, ``TI hashes``."""
+    def infotext(self, texts: Iterable[str | None] | None = None) -> dict[str, object]:
+        """A1111's PNG fields for what is loaded: ``Model``/``Model hash``, ``Lora hashes``, ``TI hashes`` (of the
+        embeddings whose trigger word one of ``texts``, the run's prompts, holds; None: every one loaded)."""
         from ..checkpoint.embeddings import sha256_file
 
         info: dict[str, object] = {}
@@ -674,8 +675,12 @@ class WeightState:
             info.update(vae_infotext(vae))
         if self.loras:
             info["Lora hashes"] = ", ".join(f"{a.name}: {lora_hash(a.path)}" for a in self.loras if a.path)
-        if self.embeddings:
-            info["TI hashes"] = ", ".join(f"{e.name}: {e.shorthash()}" for e in self.embeddings)
+        if self.embeddings:  # A1111 names the embeddings its prompts used, not every one it loaded
+            from ..text.tokenizer import mentions
+
+            used = [e for e in self.embeddings if texts is None or any(mentions(t, e.name) for t in texts if t)]
+            if used:
+                info["TI hashes"] = ", ".join(f"{e.name}: {e.shorthash()}" for e in used)
         return info
 
 

@@ -37,6 +37,18 @@ _DEFAULT_MAX_LENGTH = 77
 _CACHE_LIMIT = 100_000
 
 
+def added_pattern(token: str) -> str:
+    """The pattern an added token (an embedding's trigger word) matches: the whole word, in any case."""
+    head = r"(?<![\p{L}\p{N}])" if _LETTER_OR_NUMBER.match(token[0]) else ""
+    tail = r"(?![\p{L}\p{N}])" if _LETTER_OR_NUMBER.match(token[-1]) else ""
+    return f"(?i:{head}{regex.escape(token)}{tail})"
+
+
+def mentions(text: str, token: str) -> bool:
+    """Whether ``text`` holds the added token ``token`` as the tokenizer matches it (:func:`added_pattern`)."""
+    return bool(token) and regex.search(added_pattern(token), text) is not None
+
+
 class TokenizerError(ModelError):
     """A tokenizer folder or file is missing or malformed, or a token cannot be added."""
 
@@ -235,9 +247,7 @@ class CLIPTokenizer:
     def _build_splitter(self) -> regex.Pattern[str]:
         parts = [f"(?P<s{n}>{regex.escape(t)})" for n, t in enumerate(self._specials)]
         for n, text in enumerate(sorted(self._added, key=len, reverse=True)):
-            head = r"(?<![\p{L}\p{N}])" if _LETTER_OR_NUMBER.match(text[0]) else ""
-            tail = r"(?![\p{L}\p{N}])" if _LETTER_OR_NUMBER.match(text[-1]) else ""
-            parts.append(f"(?P<a{n}>(?i:{head}{regex.escape(text)}{tail}))")
+            parts.append(f"(?P<a{n}>{added_pattern(text)})")
         return regex.compile("|".join(parts))
 
     # -- encoding ----------------------------------------------------------------------------------------------
