@@ -652,3 +652,14 @@ def test_strip_and_quantize_refuse_an_output_named_as_another_format(tmp_path, c
     err = capsys.readouterr().err
     assert f"{flag} '{args[-1]}' ends in .png, and this command writes {suffix} files" in err, err
     assert "Traceback" not in err and sorted(p.name for p in tmp_path.iterdir()) == ["relu.onnx", "x.npy"]
+
+
+@pytest.mark.parametrize("name", ["preview-1-002.png", "preview-2-001.png"])
+def test_an_output_named_as_a_preview_in_the_preview_dir_is_refused(tmp_path, capsys, name):
+    """-o prev/preview-1-002.png --preview-dir prev: the final image replaced that preview (or a later preview the
+    image), in silence."""
+    (tmp_path / "prev").mkdir()
+    out = tmp_path / "prev" / name
+    assert main(["generate", "a fox", "--steps", "2", "--preview-dir", str(tmp_path / "prev"), "-o", str(out)]) == 1
+    assert "is a name the previews take in --preview-dir" in capsys.readouterr().err
+    assert not out.exists()

@@ -358,6 +358,11 @@ def run(args: argparse.Namespace) -> int:
         from .paths import check_folder_writes
 
         check_folder_writes("--preview-dir", args.preview_dir, generate_toolbox.PREVIEW_NAMES, _input_files(args, folder))
+        previews = Path(args.preview_dir).resolve()
+        for path in outputs or ():  # the last preview would be written over the image, or the image over it
+            if Path(path).resolve().parent == previews and generate_toolbox.PREVIEW_NAMES.fullmatch(Path(path).name):
+                raise InputError(f"-o {path} is a name the previews take in --preview-dir {args.preview_dir}",
+                                 where="-o", fix="name the image otherwise, or write it outside --preview-dir")
     _check_model_word(folder, prompt)
     if folder is None:
         folder = pipelines.DEMO_MODEL
