@@ -392,7 +392,7 @@ def test_the_cache_command_lists_prunes_and_clears(tmp_path, capsys):
     assert "--max-size applies to prune, not to list" in capsys.readouterr().err
     assert main(["cache", "clear", "--cache-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert "removed 2 entries (2.0 MiB)" in out and "and 1 entries of sdrt 0.1's caches" in out
+    assert "removed 2 entries (2.0 MiB)" in out and "and 1 entry of sdrt 0.1's caches" in out
     assert f"left 1 file sdrt did not write: {tmp_path / 'trt' / 'notes.txt'}" in out and cache.entries() == []
     assert main(["cache", "clear", "--backend", "openvino", "--cache-dir", str(tmp_path)]) == 1
     assert "the compile cache is empty" in capsys.readouterr().err

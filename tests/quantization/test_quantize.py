@@ -408,7 +408,7 @@ def test_cli_refuses_a_graph_with_nothing_to_quantize(tmp_path, capsys):
     assert "no weight to quantize: the graph has no MatMul, Gemm or Conv weight" in err
     assert len(err.strip().splitlines()) == 1 and not out.exists()
     assert main(["quantize", str(_one_matmul(tmp_path / "ok.onnx")), "--to", "int8", "-o", str(out)]) == 0
-    assert "(1 weights as int8; the model: " in capsys.readouterr().out
+    assert "(1 weight as int8; the model: " in capsys.readouterr().out
 
 
 @pytest.mark.parametrize("command", ["quantize", "strip"])

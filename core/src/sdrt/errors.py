@@ -52,6 +52,12 @@ USAGE = {"loras": "pipe.set_loras([(FILE, WEIGHT)])", "controlnets": "generate(.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
+def counted(n: int, noun: str, nouns: str | None = None) -> str:
+    """``"1 tensor"``, ``"3 tensors"``: a count with its noun in the number it takes (``nouns``: an irregular
+    plural, such as ``"entries"``)."""
+    return f"{n:,} {noun if n == 1 else nouns or noun + 's'}"
+
+
 def printable(text: object) -> str:
     """``text`` (a path, a message) with its control characters escaped as ``repr`` writes them (``\\n``, ``\\t``,
     ``\\x1b``): a newline in a file name must not break a one-line message, nor an escape sequence reach the

@@ -8,7 +8,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ..errors import printable
+from ..errors import counted, printable
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -106,7 +106,7 @@ def run(args: argparse.Namespace) -> int:
             meta = " ".join(f"{k}={v}" for k, v in sorted(e.meta.items()))
             print(f"{e.backend:<9} {e.key[:12]}  {_size(e.size):>10}  used {(now - e.last_used) / 3600:6.1f} h ago  "
                   f"{meta}")
-        print(f"{len(entries)} entries, {_size(sum(e.size for e in entries))} in {cache.compiled} "
+        print(f"{counted(len(entries), 'entry', 'entries')}, {_size(sum(e.size for e in entries))} in {cache.compiled} "
               f"(cap {_size(cache.max_bytes)})" + ("" if cache.compiled.is_dir() else "; that folder does not exist"))
         legacy = {name: _legacy_size(cache.root / name, entry) for name, entry in LEGACY.items()}
         legacy = {name: n for name, n in legacy.items() if n}
@@ -122,9 +122,9 @@ def run(args: argparse.Namespace) -> int:
         gone, foreign, failed = derived.clear(cache.root) if not args.backend else ({}, [], [])
         done.foreign.extend(foreign)
         where = cache.compiled / args.backend if args.backend else cache.compiled
-        print(f"removed {len(done.entries)} entries ({_size(sum(e.size for e in done.entries))}) from {where}"
+        print(f"removed {counted(len(done.entries), 'entry', 'entries')} ({_size(sum(e.size for e in done.entries))}) from {where}"
               + (f", {len(done.leftovers)} leftovers of interrupted writes" if done.leftovers else "")
-              + (f" and {len(done.legacy)} entries of sdrt 0.1's caches" if done.legacy else "")
+              + (f" and {counted(len(done.legacy), 'entry', 'entries')} of sdrt 0.1's caches" if done.legacy else "")
               + (f"; and {_derived(gone)} from {cache.root}" if gone else "")
               + ("" if cache.root.is_dir() else f"; {cache.root} does not exist"))
         if done.foreign:

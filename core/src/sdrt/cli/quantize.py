@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import printable
+from ..errors import counted, printable
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -70,7 +70,7 @@ def run(args: argparse.Namespace) -> int:
     result = q.quantize(graph, scheme, block_size=block_size)
     q.save(result, out)
     written = sum(p.stat().st_size for p in (out, data_out) if p.is_file())
-    print(printable(f"{out}  {written:,} bytes ({len(planned['quantized'])} weights as {scheme}; "
+    print(printable(f"{out}  {written:,} bytes ({counted(len(planned['quantized']), 'weight')} as {scheme}; "
                     f"the model: {original:,} bytes)"))
     return 0
 

@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..errors import InputError, printable
+from ..errors import InputError, counted, printable
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -62,7 +62,7 @@ def run(args: argparse.Namespace) -> int:
     original = sum(p.stat().st_size for p in inputs)  # measured before anything is written
     res = graph.strip(out, weights)
     print(printable(f"graph:   {res.graph_path}  {res.graph_bytes:,} bytes"))
-    print(printable(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({res.tensors} tensors)"))
+    print(printable(f"weights: {res.weights_path}  {res.weights_bytes:,} bytes ({counted(res.tensors, 'tensor')})"))
     print(f"original: {original:,} bytes")
     return 0
 
