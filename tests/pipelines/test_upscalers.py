@@ -138,7 +138,10 @@ def test_cli_upscale(tmp_path, refs, capsys):
     # --tile 3 ran as 16 in silence; an overlap above half the tile was named as the API's tile
     for extra, said in ((["--tile", "3"], "error: --tile must be 0 (untiled) or a size of at least 16 pixels, got 3."),
                         (["--tile", "32", "--tile-overlap", "40"], "error: --tile-overlap must be from 0 to half the "
-                                                                   "tile (16), got 40. Where: --tile-overlap.")):
+                                                                   "tile (16), got 40. Where: --tile-overlap."),
+                        # untiled, the overlap was ignored in silence
+                        (["--tile", "0", "--tile-overlap", "9"], "error: --tile-overlap applies to tiles, and --tile 0 "
+                                                                 "runs the picture whole. Where: --tile-overlap.")):
         assert main(base + extra) == 1
         assert capsys.readouterr().err.startswith(said)
     assert not (tmp_path / "y.png").exists()

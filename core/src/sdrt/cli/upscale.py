@@ -28,7 +28,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     p.add_argument("--scale", type=float, default=None,
                    help="the overall factor, 1 to 8 (default: the model's own, 2 or 4)")
     p.add_argument("--tile", type=int, default=192, help="tile size in input pixels (default 192; 0: untiled)")
-    p.add_argument("--tile-overlap", type=int, default=8, help="tile overlap in input pixels (default 8)")
+    p.add_argument("--tile-overlap", type=int, default=None, help="tile overlap in input pixels (default 8)")
     p.add_argument("--backend", default="auto", help="a backend `sdrt info` lists (default: auto)")
     p.add_argument("--device", default=None, help="a device id as `sdrt info` lists it")
     precision.add_flag(p, "the upscaler")
@@ -68,6 +68,10 @@ def run(args: argparse.Namespace) -> int:
     if args.tile < 0 or 0 < args.tile < 16:  # 1 to 15 were raised to 16 in silence
         raise InputError(f"--tile must be 0 (untiled) or a size of at least 16 pixels, got {args.tile}", where="--tile",
                          fix="give --tile 192 (A1111's), or 0")
+    if args.tile == 0 and args.tile_overlap is not None:  # untiled: the overlap was ignored in silence
+        raise InputError("--tile-overlap applies to tiles, and --tile 0 runs the picture whole", where="--tile-overlap",
+                         fix="leave --tile-overlap out, or give --tile a size (192, A1111's)")
+    args.tile_overlap = 8 if args.tile_overlap is None else args.tile_overlap
     if not 0 <= args.tile_overlap <= (args.tile or 1 << 30) // 2:
         raise InputError(f"--tile-overlap must be from 0 to half the tile ({(args.tile or 1 << 30) // 2}), got "
                          f"{args.tile_overlap}", where="--tile-overlap", fix="give --tile-overlap 8 (A1111's)")
