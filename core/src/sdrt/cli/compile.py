@@ -123,13 +123,11 @@ def run(args: argparse.Namespace) -> int:
             raise InputError("--shape and --option shapes=... both pin the input shapes", where="--shape",
                              fix="give the shapes one way: --shape NAME=DxD (repeatable), or --option shapes=JSON")
         options["shapes"] = parse_shapes(args.shape)
-    from .paths import check_writes, refuse_stdout
+    from .paths import check_writes, refuse_stdout, weights_once
 
     refuse_stdout(args.output, "compile", "")
     check_output(args.output)
     check_writes({"-o": args.output}, {"MODEL": args.model, "--weights": args.weights})
-    from .run import weights_once
-
     weights_once(args.weights)
     graph = Graph.load(args.model)
     if "DequantizeLinear" in graph.op_counts():  # quantized weights: as sdrt.load gives them to this backend

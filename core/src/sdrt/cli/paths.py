@@ -123,3 +123,14 @@ def check_links(outputs: dict[str, str | os.PathLike[str] | None]) -> None:
         raise InputError(f"{flag} {value} is a symlink to {os.path.realpath(value)}, which does not exist, and no "
                          "output is written through a dangling symlink (as cp does not)", where=flag,
                          fix="create the target, remove the link, or pick another file name")
+
+
+def weights_once(weights: list[str] | None) -> None:
+    """Refuse a --weights file given twice (or a link to it): opening them read its tensors twice, and the
+    refusal spoke the API ("Where: Weights.open. What to do: open the files separately")."""
+    files = weights or []
+    for i, a in enumerate(files):
+        for b in files[i + 1:]:
+            if _same_file(a, b):
+                what = f"--weights {a} is given twice" if a == b else f"--weights {a} and {b} name one file"
+                raise InputError(what, where="--weights", fix=f"give --weights {a} once")

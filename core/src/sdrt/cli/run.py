@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import precision
-from .paths import check_writes, output_file, refuse_stdout
+from .paths import check_writes, output_file, refuse_stdout, weights_once
 
 #: options an empty value is meaningful for; every other one given "" is refused (sdrt.cli.check_nonempty)
 EMPTY_OK: frozenset[str] | set[str] = frozenset()
@@ -198,19 +198,6 @@ def run(args: argparse.Namespace) -> int:
 
     print(printable(f"wrote {output}"))
     return 0
-
-
-def weights_once(weights: list[str] | None) -> None:
-    """Refuse a --weights file given twice (or a link to it): opening them read its tensors twice, and the
-    refusal spoke the API ("Where: Weights.open. What to do: open the files separately")."""
-    from .paths import _same_file
-
-    files = weights or []
-    for i, a in enumerate(files):
-        for b in files[i + 1:]:
-            if _same_file(a, b):
-                what = f"--weights {a} is given twice" if a == b else f"--weights {a} and {b} name one file"
-                raise InputError(what, where="--weights", fix=f"give --weights {a} once")
 
 
 def _savable(value: Any) -> Any:
