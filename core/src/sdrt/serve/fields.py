@@ -123,6 +123,23 @@ def get_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]
     return width, height
 
 
+def get_grid_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
+    """``size`` (``get_size``) with sides on the grid of 8: one off it is a 400 naming ``size``, where A1111's
+    routes round ``width`` and ``height`` down with a note (OpenAI's callers send sizes from a fixed list)."""
+    width, height = get_size(body, limits)
+    if width is not None:
+        from ..errors import SdrtError
+        from ..pipelines import validate
+
+        try:
+            validate("", width=width, height=height)
+        except SdrtError as exc:
+            if getattr(exc, "where", None) not in ("width", "height"):
+                raise
+            raise size_refused(exc, body.get("size"), limits) from None
+    return width, height
+
+
 def size_refused(exc: Exception, size: Any, limits: Any) -> ApiError:
     """The pipeline's refusal of the width or height of ``size`` (OpenAI's routes: a side off the grid of 8, too
     small), as a 400 naming ``size``."""
@@ -140,5 +157,5 @@ def size_words(message: str) -> str:
     return message.replace("size=", "size ").replace("or leave them unset", "or leave size unset")
 
 
-__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_size", "get_str", "size_refused",
+__all__ = ["get_bool", "get_dict", "get_float", "get_int", "get_list", "get_grid_size", "get_size", "get_str", "size_refused",
            "size_words"]

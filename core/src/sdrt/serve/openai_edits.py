@@ -27,7 +27,7 @@ from starlette.datastructures import Headers
 
 from . import a1111, b64images
 from .errors import ApiError
-from .fields import get_float, get_size, get_str, size_refused, size_words
+from .fields import get_float, get_grid_size, get_str, size_words
 from .http import parse_json, read_body
 from .state import ServerState
 
@@ -154,23 +154,6 @@ def _png_b64(img: Any) -> str:
     return base64.b64encode(out.getvalue()).decode("ascii")
 
 
-def get_grid_size(body: dict[str, Any], limits: Any) -> tuple[int | None, int | None]:
-    """``size`` (``get_size``) with sides on the grid of 8: one off it is a 400 naming ``size``, where A1111's
-    routes round ``width`` and ``height`` down with a note (OpenAI's callers send sizes from a fixed list)."""
-    width, height = get_size(body, limits)
-    if width is not None:
-        from ..errors import SdrtError
-        from ..pipelines import validate
-
-        try:
-            validate("", width=width, height=height)
-        except SdrtError as exc:
-            if getattr(exc, "where", None) not in ("width", "height"):
-                raise
-            raise size_refused(exc, body.get("size"), limits) from None
-    return width, height
-
-
 def parse(body: dict[str, Any], st: ServerState) -> tuple[a1111.Request, list[str], str]:
     """An edit request as A1111's img2img: (the checked request, what is not honoured, the response format)."""
     limits = st.limits
@@ -233,4 +216,4 @@ def renamed(exc: ApiError) -> ApiError:
     return ApiError(exc.status, message, field=field)
 
 
-__all__ = ["NOT_HONOURED", "Upload", "get_grid_size", "parse", "read_edit", "renamed"]
+__all__ = ["NOT_HONOURED", "Upload", "parse", "read_edit", "renamed"]

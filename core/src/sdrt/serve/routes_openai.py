@@ -22,7 +22,7 @@ from starlette.routing import Route
 
 from . import a1111, openai_edits, responses
 from .errors import ApiError
-from .fields import get_str, size_words
+from .fields import get_grid_size, get_str, size_words
 from .http import read_json, wait_for_job
 from .jobs import Work
 from .state import ServerState
@@ -55,7 +55,7 @@ def parse(body: Any, st: ServerState) -> tuple[Work, list[str], str]:
     output = get_str(body, "output_format", "png", max_len=40)
     if output != "png":
         raise ApiError(400, f"output_format {output!r} is not supported; this server writes png", field="output_format")
-    width, height = openai_edits.get_grid_size(body, limits)
+    width, height = get_grid_size(body, limits)
     name = get_str(body, "model", None, max_len=300)
     model = st.registry.model(name, "model") if name else None
     txt2img: dict[str, Any] = {
