@@ -303,6 +303,12 @@ class Backend(ABC):
     #: weights and binds the merged ones, so that a LoRA's image never depends on what ran before
     #: (``Part.compile_factory``; tests/pipelines/test_lora_history.py holds each backend to its answer)
     rebinds_as_compiled: ClassVar[bool] = False
+    #: where ``rebinds_as_compiled`` is False: options under which ``compile`` makes at once the program that a session
+    #: compiled without them runs after its first ``update_weights`` (OpenVINO: ``{"swappable": True}``). A pipeline
+    #: whose LoRAs are active at a part's first compile then compiles the merged weights with these options instead
+    #: of compiling the base weights and binding the merged ones: one compile and one resident program, not two,
+    #: and the same image (``Part.session``). Empty: not offered (the two steps)
+    rebind_options: ClassVar[Mapping[str, Any]] = {}
     #: True when ``compile`` may run on a second thread while the first compiles or runs another graph, and spends
     #: most of its time in the vendor's compiler with the interpreter released: a pipeline then compiles the parts a
     #: job uses later (the UNet, the VAE) beside the first one's compile and run (``sdrt.pipelines.ahead``)

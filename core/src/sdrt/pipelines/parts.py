@@ -209,8 +209,12 @@ class Part:
                 sess = StreamedSession(pinned, fit(self.weights), max_weight_bytes=self.stream_bytes, backend=self.backend,
                                        device=self.device, share=self.stream_share, options=self.options)
             else:
-                first = self.compile_factory() if self.compile_factory is not None else self.weights
-                sess = load(pinned, weights=fit(first), backend=self.backend, device=self.device, **self.options)
+                direct = rebind_options(self.backend, self.options) if self.compile_factory is not None else {}
+                # LoRAs active at the first compile: the base weights compiled, then the merged ones bound, as on a
+                # live session; or at once the program that binding makes, where the backend offers it
+                first = self.compile_factory() if self.compile_factory is not None and not direct else self.weights
+                sess = load(pinned, weights=fit(first), backend=self.backend, device=self.device,
+                            **{**self.options, **direct})
                 if first is not self.weights and self.weights is not None:
                     try:
                         sess.update_weights(fit(self.weights))
@@ -323,3 +327,18 @@ class Part:
         self.close()
         self._graph = None
         self.path = path
+
+
+def backend_trait(backend: str, name: str, default: Any) -> Any:
+    """The class attribute ``name`` of the backend registered as ``backend`` (``rebinds_as_compiled``,
+    ``rebind_options``); ``default`` for a name not resolved yet (``auto``), the safe answer."""
+    from ..plugins import get_registry
+
+    return getattr(get_registry().backends.get(backend), name, default)
+
+
+def rebind_options(backend: str, options: Mapping[str, Any]) -> dict[str, Any]:
+    """The options that compile the program a rebound session runs (``Backend.rebind_options``), unless ``options``
+    already set one of them (the caller's choice stands: then the base is compiled and the merged weights bound)."""
+    offered = dict(backend_trait(backend, "rebind_options", {}) or {})
+    return {} if any(k in options for k in offered) else offered

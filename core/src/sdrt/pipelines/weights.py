@@ -174,7 +174,9 @@ class WeightState:
         of fusing them as constants (1 level of 255 off in fp32, up to 22 in bf16 on tiny SD 1.x). So a part's
         LoRA weights always come through ``update_weights``: a session compiled while LoRAs are active compiles
         the base weights and then binds the merged ones (``Part.compile_factory``), as a LoRA bound on a live
-        session does, and a LoRA's image does not depend on what ran before (in low-memory mode every compile is
+        session does, or compiles the merged ones at once into the program that binding makes where the backend
+        offers it (``Backend.rebind_options``: OpenVINO's swappable form), and a LoRA's image does not depend on
+        what ran before (in low-memory mode every compile is
         fresh, sessions being closed after use, so LoRAs are compiled in there). Removing the last LoRA binds the base
         weights as they ran before: a base that first ran freshly compiled (at load, a checkpoint or embedding
         bound before any session existed) is compiled fresh again."""
@@ -992,7 +994,6 @@ def check_lora_list(loras: Any) -> list[tuple[Any, Any]]:
 def _rebinds_as_compiled(backend: str) -> bool:
     """Whether the backend named ``backend`` runs a rebound session as it runs a fresh compile
     (``Backend.rebinds_as_compiled``); an unknown name (not resolved yet) takes the safe answer, False."""
-    from ..plugins import get_registry
+    from .parts import backend_trait
 
-    be = get_registry().backends.get(backend)
-    return bool(getattr(be, "rebinds_as_compiled", False))
+    return bool(backend_trait(backend, "rebinds_as_compiled", False))
