@@ -14,7 +14,7 @@ from ._common import GTensor, dense_copy, ggml_lib
 from .conv_layout import channels_last, conv_gemm
 
 
-def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int, int, int, int], kp: int,
+def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor | None, out_shape: tuple[int, int, int, int], kp: int,
                    w: np.ndarray | None = None, bias: np.ndarray | None = None) -> GTensor:
     """1x1 conv at batch 1 in both layouts from one column matrix (ggml computes the one used).
 
@@ -36,7 +36,7 @@ def conv_pointwise(lowering: Any, x: GTensor, wt: GTensor, out_shape: tuple[int,
         cl = g.ggml_reshape_4d(lowering.ctx, conv_gemm(lowering, col, w, (0, 1, 2, 3), "oihw", trans=False, bias=bias),
                                oc, ow, oh, 1)
         return GTensor(nchw, out_shape, cl=cl)
-    assert bias is None, "ggml_mul_mat adds no bias"
+    assert bias is None and wt is not None, "ggml_mul_mat adds no bias, and takes the kernel as a tensor"
     w2 = g.ggml_reshape_2d(lowering.ctx, wt.ptr, kp, oc)
     if kp != c:
         col = g.ggml_pad(lowering.ctx, col, kp - c, 0, 0, 0)

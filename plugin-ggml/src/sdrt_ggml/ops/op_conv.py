@@ -89,14 +89,15 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
         cp = aligned_channels(c, kh * kw)
         if cp > c * 1.25:
             cp = c
-    if not isinstance(w, np.ndarray):
-        wt = cont(lowering, w)
-    elif depthwise or (half.kind(lowering) is not None and group == 1):  # conv_half / the bf16 routes make theirs
-        wt = None  # type: ignore[assignment]
-    elif cp != c:
-        wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]), tag=f"c{cp}")
-    else:
-        wt = lowering.const(w)
+    def kernel() -> GTensor:
+        """The kernel as a weights-buffer tensor, made only for the routes that read it: the Winograd, implicit
+        GEMM, tap, window and row-copy routes make their own transformed copy, and an unused plain one held
+        every such conv's kernel twice (float32 SD 1.5 UNet: 2.36 GB of 3.4)."""
+        if cp != c:
+            return lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, cp - c), (0, 0), (0, 0)]),
+                                  tag=f"c{cp}")
+        return lowering.const(w)
+
     oh = (h + 2 * ph - dil[0] * (kh - 1) - 1) // strides[0] + 1
     ow = (wd + 2 * pw - dil[1] * (kw - 1) - 1) // strides[1] + 1
     x = cont(lowering, x)
@@ -123,6 +124,8 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
             # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
             wt = lowering.const(w, transform=lambda a: np.pad(a, [(0, 0), (0, kp - c), (0, 0), (0, 0)]), tag=f"c{kp}")
+        else:
+            wt = kernel() if nat is None else None  # the native GEMM packs ``w`` itself
         fused = isinstance(bias, np.ndarray) and nat is not None  # the native GEMM adds it as it stores
         y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w, bias if fused else None)
         bias = None if fused else bias
@@ -144,13 +147,16 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
     elif group == 1:
         if cp != c:
             x = GTensor(g.ggml_pad(lowering.ctx, x.ptr, 0, 0, cp - c, 0), (n, cp, h, wd))
+        wt = kernel() if isinstance(w, np.ndarray) else cont(lowering, w)
         y = conv_dense(lowering, x, wt, strides, dil, ph, pw, (n, oc, oh, ow), w if isinstance(w, np.ndarray) else None)
     elif depthwise:
         fused = isinstance(bias, np.ndarray) and dw_native_ok(lowering, w, strides)
-        y = conv_depthwise(lowering, x, w, wt, strides, dil, ph, pw, (n, oc, oh, ow), bias if fused else None)
+        y = conv_depthwise(lowering, x, w, None if isinstance(w, np.ndarray) else cont(lowering, w), strides, dil, ph,
+                           pw, (n, oc, oh, ow), bias if fused else None)
         bias = None if fused else bias
     else:
         ocg = oc // group
+        wt = kernel() if isinstance(w, np.ndarray) else cont(lowering, w)
         parts = []
         for gi in range(group):
             xs = channel_view(lowering, x, gi * icg, icg)
