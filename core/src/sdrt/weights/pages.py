@@ -34,10 +34,11 @@ def _mapping(arr: Any) -> mmap.mmap | None:
     return None
 
 
-def release(arrays: Iterable[Any]) -> int:
+def release(arrays: Iterable[Any], *, quiet: bool = False) -> int:
     """Drop this process's resident pages of the file mappings under ``arrays``; return the bytes advised.
 
-    The arrays stay valid: a later read maps the pages again from the page cache."""
+    The arrays stay valid: a later read maps the pages again from the page cache. ``quiet``: no log line (a
+    caller that releases weight by weight)."""
     done: set[int] = set()
     total = 0
     advice = getattr(mmap, "MADV_DONTNEED", None)
@@ -54,7 +55,7 @@ def release(arrays: Iterable[Any]) -> int:
             log.debug("madvise refused: %s", exc)
             continue
         total += len(m)
-    if total:
+    if total and not quiet:
         log.debug("released %.1f MiB of mapped weights from the resident set", total / 2**20)
     return total
 
