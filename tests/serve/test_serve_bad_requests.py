@@ -54,7 +54,10 @@ def _cases():
          "the sampler 'Restart' is not available in sdrt"),
         ("unknown scheduler", "POST", t2i, {**OK, "scheduler": "zigzag"}, 400, "zigzag"),
         ("seed as a string", "POST", t2i, {**OK, "seed": "lucky"}, 422, "seed must be an integer"),
-        ("seed out of range", "POST", t2i, {**OK, "seed": 2**40}, 400, "seed is"),
+        ("seed out of range", "POST", t2i, {**OK, "seed": 2**64}, 400,
+         "seed must be -9223372036854775808 to 18446744073709551615, got 18446744073709551616"),
+        ("seeds past 2**64", "POST", t2i, {**OK, "seed": 2**64 - 2, "batch_size": 4}, 400,
+         "leaves no room for 4 consecutive seeds below 2**64"),
         # a lone surrogate escape (no UTF-8 text holds one) in any string: was a 500 writing the PNG or the reply
         ("lone surrogate in the prompt", "POST", t2i, b'{"prompt": "x \\ud800"}', 400,
          "prompt holds a lone surrogate U+D800 at character 2"),

@@ -92,3 +92,17 @@ def test_without_variation_the_subseeds_are_still_listed_as_a1111_lists_them(url
     drawn = json.loads(_txt2img(url, subseed=-1, batch_size=2)["info"])
     first = drawn["subseed"]
     assert 0 <= first < 2**32 and drawn["all_subseeds"] == [first, first + 1]
+
+
+def test_a_seed_takes_the_range_the_cli_and_the_api_take(url):
+    """A1111 hands the seed to torch.manual_seed, which takes -2**63 to 2**64 - 1 (a negative seed is seed + 2**64),
+    as sdrt's CLI and API do; the HTTP routes refused all but -1 to 2**32 - 1, so a 64-bit seed from a ComfyUI
+    infotext or a negative one an A1111 client sends got a 400 here and an image from A1111."""
+    wrapped = _txt2img(url, seed=2**64 - 5)
+    negative = _txt2img(url, seed=-5, batch_size=2)
+    info = json.loads(negative["info"])
+    assert info["seed"] == -5, info["seed"]
+    assert info["all_seeds"] == [s - 10 for s in json.loads(_txt2img(url, seed=5, batch_size=2)["info"])["all_seeds"]]
+    assert _pixels(negative["images"][0]) == _pixels(wrapped["images"][0])  # -5 draws what 2**64 - 5 draws
+    big = json.loads(_txt2img(url, seed=2**40)["info"])
+    assert big["seed"] == 2**40 and "Seed: 1099511627776," in big["infotexts"][0]

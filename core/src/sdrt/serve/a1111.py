@@ -65,6 +65,11 @@ NAME_CHARS = 100
 RANDN_SOURCES = {"GPU": "gpu", "CPU": "cpu", "NV": "nv"}
 
 
+
+#: the seeds a request may send: torch.manual_seed's range, which A1111 hands them to (-1: a random one below
+#: 2**32, as A1111 draws it); the CLI and the Python API take the same (sdrt.samplers.noise)
+SEEDS = (-(2**63), 2**64 - 1)
+
 def hires_refiner_pass(value: Any, field: str) -> str:
     """A1111's ``hires_fix_refiner_pass`` (first pass, second pass or both passes, any case); 400 naming ``field``."""
     from ..pipelines.refiner import HIRES_PASSES
@@ -173,11 +178,11 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         if side is not None and side % 8:  # A1111 makes a latent of side // 8: the image is a multiple of 8
             rounded.append(f"{key}: {side} ran as {side - side % 8}, a multiple of 8, as A1111 runs it")
     width, height = (v - v % 8 if v is not None else None for v in (width, height))
-    seed = get_int(body, "seed", -1, -1, 2**32 - 1)
+    seed = get_int(body, "seed", -1, *SEEDS, fixed=True)
     if seed == -1:
         seed = secrets.randbelow(2**32 - limits.max_images)
-    elif seed + batch * n_iter > 2**32:
-        raise ApiError(400, f"seed {seed} leaves no room for {batch * n_iter} consecutive seeds below 2**32",
+    elif seed + batch * n_iter > SEEDS[1] + 1:
+        raise ApiError(400, f"seed {seed} leaves no room for {batch * n_iter} consecutive seeds below 2**64",
                        field="seed")
     overrides = get_dict(body, "override_settings")
     model_name = overrides.get("sd_model_checkpoint") if _set(overrides, "sd_model_checkpoint") \
@@ -254,7 +259,7 @@ def parse(body: Any, mode: str, registry: Registry, limits: Limits, options: dic
         # seed): one shuffle map for every n_iter batch (each runs as its own generate, from its own first seed)
         from ..pipelines.shufflemap import numpy_seed
 
-        sent = get_int(body, "subseed", -1, -1, 2**32 - 1)
+        sent = get_int(body, "subseed", -1, *SEEDS, fixed=True)
         for unit in nets:
             unit.seed = numpy_seed(seed, sent) if unit.seed is None else unit.seed
     ips, ip_names = controlnet.ip_adapters(body, registry, model, limits.max_width * limits.max_height * 4, init)
@@ -431,7 +436,7 @@ def _variation(body: dict[str, Any], kwargs: dict[str, Any]) -> int | None:
     """A1111's variation seeds: ``subseed`` (-1: random) mixed in at ``subseed_strength``. At strength 0 the
     subseed, fixed as A1111 fixes it whatever the strength, is returned for ``info`` only (``Work.subseed``)."""
     strength = get_float(body, "subseed_strength", 0.0, 0.0, 1.0)
-    subseed = get_int(body, "subseed", -1, -1, 2**32 - 1)
+    subseed = get_int(body, "subseed", -1, *SEEDS, fixed=True)
     subseed = secrets.randbelow(2**32 - 1) if subseed == -1 else subseed
     if strength:
         kwargs["subseed"] = subseed
