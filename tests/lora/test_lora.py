@@ -67,6 +67,23 @@ def test_kohya_linear_and_conv_kxk_match_numpy_and_unmerge_is_exact(tmp_path):
         assert restored[k].tobytes() == base[k].tobytes()
 
 
+def test_a_merge_that_keeps_no_originals_merges_the_same_and_refuses_to_unmerge(tmp_path):
+    """keep_originals=False (a pipeline's merge: it binds its base weights again itself) copies no weight as it was:
+    those copies doubled the merge's memory (a rank-16 LoRA bound on a live full-size SD 1.5 pipeline: 5.97 GB peak
+    with them, 4.69 GB without)."""
+    base = Weights.from_arrays(base_weights())
+    d1, u1 = f32(4, 8), f32(16, 4)
+    p = tmp_path / "l.safetensors"
+    stfile.write(p, kohya(PROJ, d1, u1, 2.0))
+    lora = Lora.open(p)
+    kept, lean = merge(base, [(lora, 0.7)]), merge(base, [(lora, 0.7)], keep_originals=False)
+    assert lean.merged_names == kept.merged_names == (f"{PROJ}.weight",) and not lean.originals
+    for k in base:
+        assert lean[k].tobytes() == kept[k].tobytes()
+    with pytest.raises(WeightsError, match="kept no originals to unmerge"):
+        lean.unmerge()
+
+
 def test_conv_1x1_and_linear_lora_on_conv_weight():
     w = {f"{PROJ}.weight": f32(16, 8, 1, 1)}  # SD1.5 proj_in is a 1x1 conv
     d, u = f32(4, 8), f32(16, 4)  # LoRA trained on the linear view

@@ -525,7 +525,7 @@ class WeightState:
             targets = _targets(graph, [key for lora, _ in pairs for key in lora.layers], part)
             targets.update({k: v for lora, _ in pairs for k, v in getattr(lora, "targets", {}).items()})
             try:
-                m = merge(base, pairs, graph=graph, targets=targets, strict=True)
+                m = merge(base, pairs, graph=graph, targets=targets, strict=True, keep_originals=False)
             except WeightsError as exc:  # merge's fix speaks of merge's own arguments; a pipeline has none
                 report = getattr(exc, "report", None)
                 if report is None:
@@ -533,7 +533,7 @@ class WeightState:
                 raise WeightsError(_lora_mismatch(report, pairs, self.pipe.family.label), where=exc.where,
                                    fix=f"use a LoRA made for {self.pipe.family.label}: each of its layers must "
                                    "match a weight of the model, in name and shape") from exc
-            out[part] = {**padded, **{name: m[name] for name in m.originals}}
+            out[part] = {**padded, **{name: m[name] for name in m.merged_names}}
             if part == "transformer":
                 for a in controls:
                     out[part].update(fluxcontrollora.extras(a.lora, a.scale_for(part), graph, base))

@@ -568,18 +568,23 @@ class LoraReport:
 
 
 class MergedWeights(Weights):
-    """Base weights with LoRAs merged in. ``originals`` holds the replaced tensors as they were."""
+    """Base weights with LoRAs merged in. ``merged_names``: the weights a LoRA changed; ``originals`` holds them as
+    they were (empty when ``merge`` was told not to keep them)."""
 
     def __init__(self, base: Weights, merged: Mapping[str, np.ndarray], originals: Mapping[str, np.ndarray],
                  report: LoraReport) -> None:
         over = base.replaced(merged)
         super().__init__(over._refs, dtype=base.dtype, sources=base.sources)
         self.base = base
+        self.merged_names = tuple(merged)
         self.originals = dict(originals)
         self.report = report
 
     def unmerge(self) -> Weights:
         """The base weights, from the kept originals: bit for bit what was there before merging."""
+        if self.merged_names and not self.originals:
+            raise WeightsError("these merged weights kept no originals to unmerge", where="MergedWeights.unmerge",
+                               fix="merge with keep_originals=True (the default), or bind the base weights again")
         return self.base.replaced(self.originals)
 
 
@@ -649,6 +654,7 @@ def merge(
     component: str | None = None,
     targets: Mapping[str, str] | None = None,
     strict: bool = True,
+    keep_originals: bool = True,
 ) -> MergedWeights:
     """Merge one or several LoRAs (each ``(lora, scale)``, or a Lora for scale 1) into ``base``.
 
@@ -658,7 +664,9 @@ def merge(
     ``"te2"``) keeps only that model's kohya keys; the others are listed as
     skipped. ``targets`` maps LoRA module keys to initializer names
     explicitly. With ``strict`` (default) a LoRA key that matches no weight, or
-    whose delta does not fit its weight, raises ``WeightsError`` listing all of them.
+    whose delta does not fit its weight, raises ``WeightsError`` listing all of them. ``keep_originals``: copy
+    each changed weight as it was, for ``unmerge`` (a pipeline, which binds its base weights again itself, passes
+    False: the copies doubled the merge's memory, 1.2 GB for a rank-16 LoRA on SD 1.5's 232 attention layers).
     """
     if isinstance(base, Graph):
         graph = graph or base
@@ -738,8 +746,9 @@ def merge(
                                    where=", ".join(lora.source for lora, _ in pairs),
                                    fix="the DoRA layer cannot be merged into this weight; remove that LoRA")
             continue
-        originals[name] = np.array(orig, copy=True)
-        merged[name] = acc.astype(orig.dtype)
+        if keep_originals:
+            originals[name] = np.array(orig, copy=True)
+        merged[name] = acc.astype(orig.dtype, copy=False)  # acc is this loop's own: no second copy
     log.info("%s", report)
     return MergedWeights(base, merged, originals, report)
 
