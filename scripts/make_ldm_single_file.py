@@ -1,10 +1,13 @@
 """A diffusers SD 1.x folder -> one LDM ("original Stable Diffusion") .safetensors, as A1111 and
 stable-diffusion.cpp load it: ``model.diffusion_model.*``, ``first_stage_model.*``,
-``cond_stage_model.transformer.*``.
+``cond_stage_model.transformer.text_model.*``.
 
 The key map is the inverse of the one diffusers applies when it reads such a file (its single-file loader),
 written out here: UNet blocks by index (``down_blocks.i.resnets.j`` -> ``input_blocks.3i+j+1.0``, ...), ResNet
-and VAE sub-layer names, and the VAE's attention Linear weights reshaped to 1x1 convolutions.
+and VAE sub-layer names, and the VAE's attention Linear weights reshaped to 1x1 convolutions. The text encoder's
+keys always carry ``text_model.``, as every released SD 1.x file has them: transformers 5 saves ``CLIPTextModel``
+without that prefix, and stable-diffusion.cpp then cannot tell the file's version ("get sd version from file
+failed").
 
     /work/refvenv/bin/python scripts/make_ldm_single_file.py /work/models/sd15-full/diffusers OUT.safetensors
 """
@@ -100,7 +103,7 @@ def convert(folder: Path, out: Path) -> None:
         name, conv = vae_key(k)
         sd["first_stage_model." + name] = v.reshape(*v.shape, 1, 1) if conv and v.ndim == 2 else v
     for k, v in load_file(str(folder / "text_encoder" / "model.safetensors")).items():
-        sd["cond_stage_model.transformer." + k] = v
+        sd["cond_stage_model.transformer.text_model." + k.removeprefix("text_model.")] = v
     save_file(sd, str(out))
     print(f"{out}: {len(sd)} tensors")
 

@@ -8,7 +8,7 @@ keep it out of git, it is 5.2 GB):
   part), the UNet and VAE with dynamic batch, height and width axes (Optimum's axis names);
 - ``diffusers/``: the same weights as diffusers' folder (``save_pretrained``, safetensors), for the torch row;
 - ``sd15-full.safetensors`` (``--ldm``): the same weights as an LDM single file (``model.diffusion_model.*``,
-  ``first_stage_model.*``, ``cond_stage_model.transformer.*``), written by ``scripts/make_ldm_single_file.py``.
+  ``first_stage_model.*``, ``cond_stage_model.transformer.text_model.*``), written by ``scripts/make_ldm_single_file.py``.
 
 The configuration is SD 1.5's (``UNet2DConditionModel`` 320/640/1280/1280, 8 heads, cross-attention 768;
 ``AutoencoderKL`` 128/256/512/512, scaling 0.18215; CLIP ViT-L/14 text model, 12 layers, 768 wide, 49408 tokens;
