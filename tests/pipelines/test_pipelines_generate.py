@@ -641,19 +641,6 @@ def test_weight_calls_refuse_bad_arguments(call, message) -> None:
     pipe.close()
 
 
-def test_an_off_grid_size_names_the_unet_only_when_the_unet_refused_it() -> None:
-    """A size off the UNet export's latent grid is said in pixels (tiny-sdxl-dyn: multiples of 16); another
-    ModelError at such a size (a clip skip the text encoder cannot give) was replaced by that size message too."""
-    register("reference")
-    with pipelines.load(DATA / "tiny-sdxl-dyn", backend="reference") as pipe:
-        with pytest.raises(InputError) as size:
-            pipe("a cat", steps=1, width=72, height=64)
-        assert size.value.where == "width" and "multiples of 16 pixels" in size.value.what
-        with pytest.raises(ModelError) as skip:
-            pipe("a cat", steps=1, width=72, height=64, clip_skip=12)
-        assert skip.value.where == "clip_skip" and "asks for layer 12" in skip.value.what
-
-
 def test_a_negative_prompt_cfg_1_does_not_use_is_said(sd15, caplog) -> None:
     """CFG 1 runs the prompt alone (diffusers and A1111 skip the negative pass): a negative prompt then did nothing,
     in silence (Flux's default CFG is 1, so `--negative` on Flux dev was always dropped so)."""

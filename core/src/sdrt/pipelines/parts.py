@@ -135,6 +135,10 @@ class Part:
             except SdrtError as exc:
                 raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
                                 fix=exc.fix) from exc
+            if self.name == "unet":  # upsamplers sized by their skips: any multiple of 8 runs (sdrt.graph.upsample)
+                from ..graph.upsample import skip_sized_upsampling
+
+                skip_sized_upsampling(self._graph.model)
             if self.graph_edit is not None:
                 self._graph = self.graph_edit(self._graph)
             self._loaded_graph = self._graph

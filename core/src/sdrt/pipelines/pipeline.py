@@ -724,12 +724,25 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         return None
 
     def _size_multiple(self) -> int:
-        """The multiple of which every side this model runs is: 16 for the flow models (VAE 8 x patch 2); for a
-        UNet, 8 x 2 ** (down blocks - 1) (64 for SD 1.x and 2.x, 32 for SDXL: ``_unet_size_error``); else 8."""
+        """The multiple of which every side this model runs is: 16 for the flow models (VAE 8 x patch 2); 8 for a
+        UNet whose upsamplers take their skips' sizes (``sdrt.graph.upsample``: every export of diffusers' UNet);
+        for another UNet export, 8 x 2 ** (down blocks - 1) (64 for SD 1.x and 2.x, 32 for SDXL:
+        ``_unet_size_error``)."""
         if self.family.flow:
             return 16
+        return 8 * 2 ** self._unet_halvings()
+
+    def _unet_halvings(self) -> int:
+        """How many times this model's UNet halves the latent with a fixed-scale way back up (0: none, or all its
+        upsamplers take their skips' sizes, so any multiple of 8 runs)."""
+        from ..graph.upsample import skip_sized
+
         blocks = self.folder.configs.get("unet", {}).get("block_out_channels")
-        return 8 * 2 ** (len(blocks) - 1) if isinstance(blocks, list) and len(blocks) >= 2 else 8
+        if self.family.flow or not isinstance(blocks, list) or len(blocks) < 2:
+            return 0
+        if self.denoiser.name == "unet" and skip_sized(self.denoiser.graph.model) >= len(blocks) - 1:
+            return 0
+        return len(blocks) - 1
 
     def _fit_init(self, s: Settings) -> tuple[np.ndarray, np.ndarray | None]:
         """The init image (and mask) fitted to the run's size, which it settles (``s.width``, ``s.height``).
@@ -1026,10 +1039,10 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         block but the last and, in torch, pads an odd size back up on the way up; an ONNX export traced at an even
         size cannot (the skip connection's Concat then fails shape inference), so each side's latent must divide by
         2 ** (down blocks - 1): 64 pixels for SD 1.x and 2.x, 32 for SDXL. None when that is not what went wrong."""
-        blocks = self.folder.configs.get("unet", {}).get("block_out_channels")
-        if self.family.flow or not isinstance(blocks, list) or len(blocks) < 2:
+        halvings = self._unet_halvings()
+        if not halvings:
             return None
-        step = 8 * 2 ** (len(blocks) - 1)
+        step = 8 * 2 ** halvings
         try:
             s = prompt if isinstance(prompt, Settings) else validate(prompt, negative_prompt, **kwargs)
         except SdrtError:
@@ -1043,7 +1056,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                 what = f"the hires fix's second pass ({side} pixels a side)" if where == "hires_scale" else \
                     f"{where} {side}"
                 return InputError(f"{what} does not divide into this UNet's latent grid: its export halves the latent "
-                                  f"{len(blocks) - 1} times and cannot pad an odd size as diffusers' torch code does, "
+                                  f"{halvings} times and cannot pad an odd size as diffusers' torch code does, "
                                   f"so it makes sides that are multiples of {step} pixels", where=where,
                                   fix=f"use {max(side - side % step, step)} or {side - side % step + step}"
                                   if where != "hires_scale" else
