@@ -4,6 +4,7 @@
 - ``protos``: ModelProto helpers (copy without weights, the inference skeleton, inference);
 - ``fold`` and ``shapes``: constant folding, shape pinning and inference;
 - ``strip``: weight-stripped graphs (``sdrt strip``) and saving;
+- ``upsample``: a UNet's upsamplers sized by their skip connections (any multiple of 8 runs);
 - ``graph``: ``Graph``, which ties them together.
 
 Imports point down this list; nothing here imports ``sdrt.weights`` except
