@@ -3,7 +3,7 @@
 
 Each end-to-end expectation is composed from separate calls: a txt2img run, the picture resized with Pillow as A1111
 resizes it, then an img2img run with the second pass's settings (A1111's steps: the last 4 of int(4 / 0.5) = 8). The
-tiny SDXL folder with dynamic axes runs them (its UNet takes sides in multiples of 16)."""
+tiny SDXL folder with dynamic axes runs them (its UNet runs at any multiple of 8)."""
 
 from __future__ import annotations
 

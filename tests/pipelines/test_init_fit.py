@@ -122,7 +122,7 @@ def test_a_sliver_cropped_to_cover_is_refused_before_it_allocates() -> None:
 # -- the pipeline fits what it is given --------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def dyn():
-    """SDXL's tiny export with dynamic sizes (its UNet takes sides that are multiples of 16 pixels)."""
+    """SDXL's tiny export with dynamic sizes (its UNet runs at any multiple of 8 pixels)."""
     pipe = pipelines.load(DATA / "tiny-sdxl-dyn", backend=fast_backend())
     yield pipe
     pipe.close()
@@ -177,7 +177,7 @@ def test_a_size_not_a_multiple_of_8_rounds_down_as_diffusers_does(dyn, caplog) -
     picture = _picture(101, 71, 2)
     with caplog.at_level("WARNING", logger="sdrt.pipelines"):
         got = dyn.generate(PROMPT, steps=2, seed=4, sampler="Euler", init_image=picture, strength=0.5)
-    assert _said(caplog) == ["the init image is 101x71 and this model makes sides that are multiples of 16: it runs "
+    assert _said(caplog) == ["the init image is 101x71 and this model makes sides that are multiples of 8: it runs "
                              "at 96x64; Just Resize fits it "
                              "(stretched to the size)"]  # once: the memory plan's dry run says nothing
     resized = np.asarray(Image.fromarray(picture).resize((96, 64), Image.Resampling.LANCZOS))
@@ -226,7 +226,7 @@ def test_a_picture_far_above_the_models_size_needs_a_size(dyn) -> None:
     with pytest.raises(InputError, match=r"the init image is 192x128, and with no width or height given it would "
                                          r"run at 192x128, more than 4 times the pixels of this model's 64x64") as err:
         dyn.plan(PROMPT, steps=2, init_image=_picture(192, 128))
-    assert err.value.where == "init_image" and "pass width=80 and height=48 (about the model's own size" in str(err.value)
+    assert err.value.where == "init_image" and "pass width=80 and height=56 (about the model's own size" in str(err.value)
     plan = dyn.plan(PROMPT, steps=2, init_image=_picture(192, 128), width=192, height=128)
     assert (plan.width, plan.height) == (192, 128)
     plan = dyn.plan(PROMPT, steps=2, init_image=_picture(128, 128))  # 4 times: runs at its own size
@@ -242,7 +242,7 @@ def test_a_large_picture_with_no_size_fails_before_running_out_of_memory(init) -
                                              r"at 128x64, for which the memory plan predicts a peak of") as err:
             pipe(PROMPT, steps=2, init_image=_picture(128, 64))
         assert err.value.where == "init_image"
-        assert "pass width=96 and height=48 (about the model's own size" in str(err.value)
+        assert "pass width=88 and height=48 (about the model's own size" in str(err.value)
     finally:
         pipe.close()
 

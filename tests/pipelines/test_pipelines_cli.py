@@ -199,7 +199,7 @@ def test_a_photo_too_large_for_memory_at_its_own_size_names_the_size_to_ask(tmp_
                  "--steps", "2", "--backend", "reference", "-o", str(out)]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
     assert len(err) == 1 and "the init image is 128x64, and with no width or height given it runs at 128x64" in err[0]
-    assert "Where: --init-image. What to do: pass --width 96 and --height 48" in err[0], err
+    assert "Where: --init-image. What to do: pass --width 88 and --height 48" in err[0], err
     assert out.read_bytes() == b"not to be destroyed"
 
 
@@ -227,5 +227,5 @@ def test_a_phone_photo_with_no_size_names_the_size_to_ask(tmp_path: Path, capsys
                  "--backend", "reference", "-o", str(tmp_path / "o.png")]) == 1
     err = [line for line in capsys.readouterr().err.splitlines() if not line.startswith("backend ")]
     assert len(err) == 1 and "more than 4 times the pixels of this model's 64x64. Where: --init-image. What to do: " \
-        "pass --width 80 and --height 48" in err[0], err
+        "pass --width 80 and --height 56" in err[0], err
     assert not (tmp_path / "o.png").exists()

@@ -3,7 +3,7 @@
 ``sdrt_not_honoured``), and a second pass at the first pass's size dropped, as A1111 drops it.
 
 Each picture is the Python API's run with the same settings (tests/pipelines/test_hires_a1111.py composes those
-from separate txt2img, Pillow and img2img calls); tiny-sdxl-dyn takes sides in multiples of 16."""
+from separate txt2img, Pillow and img2img calls); tiny-sdxl-dyn has dynamic sizes."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def up_server(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("upmodels")
     shutil.copytree(pipelines.DEMO_MODEL, root / "demo-a")  # the default model (first by name)
-    # takes sides in multiples of 16: a hires pass at another size than the first (A1111 skips a same-size one)
+    # dynamic sizes: a hires pass at another size than the first (A1111 skips a same-size one)
     shutil.copytree(Path(__file__).resolve().parents[1] / "data" / "pipelines" / "tiny-sdxl-dyn", root / "tiny-sdxl-dyn")
     (root / "ESRGAN").mkdir()
     (root / "RealESRGAN").mkdir()
