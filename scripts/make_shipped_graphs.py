@@ -192,8 +192,11 @@ def build_unet(cfg: dict) -> torch.nn.Module:
 
 
 def unet_inputs(cfg: dict, s: int) -> dict:
+    """The export's example (``s`` 1) has an odd latent, 33x41: diffusers' UNet then gives each upsampler its skip
+    connection's size (``forward_upsample_size``), so the graph computes every size from the input's and runs at
+    any latent size, as the folders' UNets do after ``sdrt.graph.upsample``; the check's second size is 64x80."""
     g = torch.Generator().manual_seed(s)
-    n, hw = 2, (32 * s, 40 * s)
+    n, hw = 2, ((33, 41) if s == 1 else (32 * s, 40 * s))
     x = {"sample": torch.randn(n, cfg["in_channels"], *hw, generator=g),
          "timestep": torch.tensor([981.0, 17.5])[:n],
          "encoder_hidden_states": torch.randn(n, 77 * s, cfg["cross_attention_dim"], generator=g) * 0.5}
@@ -205,12 +208,18 @@ def unet_inputs(cfg: dict, s: int) -> dict:
     return x
 
 
+#: the latent sides: free (torch.export would add a guard ``h % 8 != 0`` for the example's odd size, which the ONNX
+#: graph does not keep: at sides that halve evenly the skip's size is the scale's own); named after export (_rename)
+LATENT = torch.export.Dim.DYNAMIC
+
+
 def unet_dynamic(cfg: dict) -> dict:
-    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
-        "text", min=1, max=77 * 32)
-    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s}}
+    """Batch, latent sides and text length, all free (a named batch of at most 64 met a guard ``batch <= 63`` with free
+    latent sides); ``_name_latent`` names them after export."""
+    d = {"sample": {0: LATENT, 2: LATENT, 3: LATENT}, "timestep": {0: LATENT},
+         "encoder_hidden_states": {0: LATENT, 1: LATENT}}
     if cfg.get("addition_embed_type") == "text_time":
-        d.update(text_embeds={0: B}, time_ids={0: B})
+        d.update(text_embeds={0: LATENT}, time_ids={0: LATENT})
     return d
 
 
@@ -640,11 +649,11 @@ def controlnet_outputs(cfg: dict) -> list[str]:
 
 
 def controlnet_dynamic(cfg: dict) -> dict:
-    """The UNet's axes (batch, latent size in multiples of 8, text length); the control image is 8x the latent."""
-    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
+    """The UNet's axes (batch, any latent size, text length); the control image is 8x the latent."""
+    h, w, s = torch.export.Dim("h", min=1, max=4096), torch.export.Dim("w", min=1, max=4096), torch.export.Dim(
         "text", min=1, max=77 * 32)
-    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s},
-         "controlnet_cond": {0: B, 2: 64 * h, 3: 64 * w}, "conditioning_scale": None}
+    d = {"sample": {0: B, 2: h, 3: w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s},
+         "controlnet_cond": {0: B, 2: 8 * h, 3: 8 * w}, "conditioning_scale": None}
     if cfg.get("addition_embed_type") == "text_time":
         d.update(text_embeds={0: B}, time_ids={0: B})
     return d
@@ -698,19 +707,17 @@ def unet_controlnet_inputs(cfg: dict, s: int) -> dict:
     x = unet_inputs(cfg, s)
     g = torch.Generator().manual_seed(20 + s)
     n, (h, w) = x["sample"].shape[0], x["sample"].shape[2:]
-    for name, (ch, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
-        x[name] = torch.randn(n, ch, h >> lvl, w >> lvl, generator=g) * 0.5
+    for name, (ch, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):  # an odd side halves up (ceil)
+        x[name] = torch.randn(n, ch, -(-h // 2 ** lvl), -(-w // 2 ** lvl), generator=g) * 0.5
     return x
 
 
 def unet_controlnet_dynamic(cfg: dict) -> dict:
-    h, w, s = torch.export.Dim("h", min=1, max=512), torch.export.Dim("w", min=1, max=512), torch.export.Dim(
-        "text", min=1, max=77 * 32)
-    d = {"sample": {0: B, 2: 8 * h, 3: 8 * w}, "timestep": {0: B}, "encoder_hidden_states": {0: B, 1: s}}
-    if cfg.get("addition_embed_type") == "text_time":
-        d.update(text_embeds={0: B}, time_ids={0: B})
-    for name, (_, lvl) in zip(_residual_names(cfg), _residual_levels(cfg)):
-        d[name] = {0: B, 2: (8 >> lvl) * h, 3: (8 >> lvl) * w}
+    """The UNet's axes; each residual's sides are free too (the latent's halved up per level: torch.export relates
+    them to the latent's)."""
+    d = unet_dynamic(cfg)
+    for name in _residual_names(cfg):
+        d[name] = {0: LATENT, 2: LATENT, 3: LATENT}
     return d
 
 
@@ -845,6 +852,7 @@ def weight_free(prog, name: str, source: str, buffers: dict | None = None):
     for value in proto.graph.input:
         for axis, label in AXIS_NAMES.get(name, {}).get(value.name, {}).items():
             value.type.tensor_type.shape.dim[axis].dim_param = label
+    _name_latent(proto)
     del proto.metadata_props[:]
     for k, v in ((STRIPPED_KEY, location), ("sdrt.weight_free", "1"), ("sdrt.architecture", name),
                  ("sdrt.config_source", source)):
@@ -852,6 +860,25 @@ def weight_free(prog, name: str, source: str, buffers: dict | None = None):
         p.key, p.value = k, v
     proto.producer_name, proto.doc_string = "sdrt scripts/make_shipped_graphs.py", ""
     return proto, used
+
+
+def _name_latent(proto) -> None:
+    """A UNet's free axes (``LATENT``: torch.export names them ``s37``...) named ``batch``, ``h``, ``w`` and ``text``
+    wherever the graph's inputs and outputs carry them (the residuals of the first level, the output)."""
+    sample = next((i for i in proto.graph.input if i.name == "sample"), None)
+    dims = sample.type.tensor_type.shape.dim if sample is not None else []
+    if len(dims) != 4 or any(not d.HasField("dim_param") for d in dims[2:]) or "*" in dims[2].dim_param:
+        return
+    names = {dims[2].dim_param: "h", dims[3].dim_param: "w"}
+    if dims[0].HasField("dim_param"):
+        names[dims[0].dim_param] = "batch"
+    text = next((i for i in proto.graph.input if i.name == "encoder_hidden_states"), None)
+    if text is not None and text.type.tensor_type.shape.dim[1].HasField("dim_param"):
+        names.setdefault(text.type.tensor_type.shape.dim[1].dim_param, "text")
+    for value in (*proto.graph.input, *proto.graph.output):
+        for d in value.type.tensor_type.shape.dim:
+            if d.HasField("dim_param") and d.dim_param in names:
+                d.dim_param = names[d.dim_param]
 
 
 def _clean(proto) -> None:

@@ -253,6 +253,11 @@ def test_cli_dry_run_on_a_full_size_checkpoint_compiles_nothing(tmp_path, capsys
     out = capsys.readouterr().out
     assert "SD 1.x (sd1), txt2img, 512x512" in out and "unet (denoiser): 20 call(s)" in out
     assert "sd1_unet-" in out and "[2, 4, 64, 64]" in out
+    # any multiple of 8: the shipped UNet takes free latent sides (it was refused off multiples of 64)
+    assert main(["generate", str(f), "a red fox", "--dry-run", "--backend", "reference", "--width", "520",
+                 "--height", "360"]) == 0
+    out = capsys.readouterr().out
+    assert "SD 1.x (sd1), txt2img, 520x360" in out and "[2, 4, 45, 65]" in out
 
 
 def _flux_files(tmp_path):

@@ -71,19 +71,58 @@ def test_the_upsamplers_take_their_skips_size_and_pinning_folds_it() -> None:
     assert not any(p.key == SKIP_SIZED_KEY for p in vae.model.metadata_props)
 
 
-@pytest.mark.parametrize("graph", ["sd1_unet", "sdxl_unet"])
-def test_a_graph_declared_for_a_multiple_keeps_its_grid(graph: str) -> None:
-    """sdrt's shipped weight-free graphs (single files bind onto them) are torch.export graphs whose latent sides are
-    declared ``8*h``, and whose attention reshapes are computed from ``h``: re-pointed upsamplers would not make a
-    65-wide latent run (its reshape asks for 36 columns where there are 33), so they are left as they are, and a
-    single file keeps its grid (``_unet_size_error``)."""
+def test_a_graph_declared_for_a_multiple_keeps_its_grid() -> None:
+    """A torch.export graph whose latent sides are declared ``8*h`` computes its attention reshapes from ``h``:
+    re-pointed upsamplers would not make an odd latent run (sdrt's SD 1.5 graph so exported asked for 36 columns
+    where there were 33), so it is left as it is and keeps its grid (``_unet_size_error``)."""
     from sdrt.checkpoint.graphs import shipped_graph
 
-    g = Graph.load(shipped_graph(graph), load_external=False)
-    assert g.inputs[0].shape[2:] == ("8*h", "8*w")
+    g = Graph.load(shipped_graph("sd1_unet"), load_external=False)
+    dims = g.model.graph.input[0].type.tensor_type.shape.dim
+    dims[2].dim_param, dims[3].dim_param = "8*h", "8*w"  # as that export declared them
     before = len(g.model.graph.node)
     rewritten, nearest = skip_sized_upsampling(g.model)
-    assert rewritten == 0 and nearest >= 2 and len(g.model.graph.node) == before and skip_sized(g.model) == 0
+    assert rewritten == 0 and nearest == 3 and len(g.model.graph.node) == before and skip_sized(g.model) == 0
+
+
+#: graph -> its upsamplers' spatial sizes pinned at a 45x65 latent (45x65 halves to 23x33, 12x17, 6x9)
+SHIPPED_UNETS = {name: [[12, 17], [23, 33], [45, 65]] for name in (
+    "sd1_unet", "sd2_unet", "sd1_inpaint_unet", "sd1_ip2p_unet", "sd2_inpaint_unet", "sd1_unet_controlnet",
+    "sdxl_refiner_unet")}  # four levels; SDXL's base three
+SHIPPED_UNETS.update({name: [[23, 33], [45, 65]] for name in (
+    "sdxl_unet", "sdxl_inpaint_unet", "sdxl_ip2p_unet", "sdxl_unet_controlnet")})
+
+
+@pytest.mark.parametrize("graph", sorted(SHIPPED_UNETS))
+def test_a_shipped_unet_runs_at_any_multiple_of_8(graph: str) -> None:
+    """The shipped UNets are exported with free latent sides from an odd example (torch sizes each upsampler by its
+    skip there): their sides are plain ``h`` and ``w``, their upsamplers are diffusers' pattern, and pinned at a
+    45x65 latent (520x360 pixels) the output has that size and each upsampler a fixed size, its skip's. Their
+    numbers against torch at 33x41 and 64x80: ``scripts/make_shipped_graphs.py check``; a full-size SD 1.5 file at
+    520x360 against diffusers: docs/pipelines.md."""
+    from sdrt.checkpoint.graphs import shipped_graph
+
+    want = SHIPPED_UNETS[graph]
+    g = Graph.load(shipped_graph(graph), load_external=False)
+    sample = next(i for i in g.inputs if i.name == "sample")
+    assert sample.shape[0] == "batch" and sample.shape[2:] == ("h", "w")
+    assert skip_sized_upsampling(g.model) == (len(want), len(want)) and skip_sized(g.model) == len(want)
+    levels = [(45, 65), (23, 33), (12, 17), (6, 9)]
+    residuals = [i.name for i in g.inputs if i.name.startswith("down_block_additional_residual_")]
+    shapes = {}
+    for i in g.inputs:
+        if i.name in residuals:  # three per level
+            shapes[i.name] = (2, i.shape[1], *levels[int(i.name.rsplit("_", 1)[1]) // 3])
+        elif i.name == "mid_block_additional_residual":
+            shapes[i.name] = (2, i.shape[1], *levels[len(residuals) // 3 - 1])
+        else:
+            shapes[i.name] = tuple({"h": 45, "w": 65, "text": 77}.get(d, 2) if isinstance(d, str) else d
+                                   for d in i.shape)
+    folded = g.with_shapes(**shapes).fold_constants()
+    assert folded.outputs[0].shape == (2, 4, 45, 65)
+    resizes = [n for n in folded.model.graph.node if n.op_type == "Resize"]
+    sizes = folded.initializer_arrays([n.input[3] for n in resizes])
+    assert sorted(sizes[n.input[3]].tolist()[2:] for n in resizes) == want
 
 
 def test_an_init_image_with_no_size_keeps_its_own_multiple_of_8() -> None:

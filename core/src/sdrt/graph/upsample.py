@@ -15,9 +15,11 @@ whose only reader is a ``Conv``, whose output is the first input of a two-input 
 makes the new nodes' values known (``Graph.with_shapes``; ``fold_constants`` turns them into a constant ``sizes``),
 so a backend sees a Resize to a fixed size.
 
-sdrt's own weight-free graphs (``sdrt/data/graphs``, for single files) are torch.export graphs whose latent
-dimensions are declared as ``8*h`` and whose attention reshapes are computed from ``h``: at another latent size
-those reshapes are wrong whatever the upsamplers do, so such graphs are left alone and keep their grid (64 pixels).
+A torch.export graph whose latent dimensions are declared as a multiple (``8*h``) computes its attention reshapes
+from ``h``: at another latent size those reshapes are wrong whatever the upsamplers do, so such a graph is left
+alone and keeps its grid. sdrt's shipped UNet and ControlNet graphs (``sdrt/data/graphs``, for single files) are
+exported with free latent sides from an odd example size, where torch itself sizes each upsampler by its skip: every
+size is computed from the input's, the pattern holds, and they run at any multiple of 8.
 """
 
 from __future__ import annotations
@@ -30,7 +32,7 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: the metadata key a rewritten graph carries (its value: how many upsamplers were re-pointed)
 SKIP_SIZED_KEY = "sdrt.skip_sized_upsamplers"
-#: a dimension declared as a multiple (torch.export's ``8*h``: sdrt's shipped graphs): the export's shape arithmetic
+#: a dimension declared as a multiple (torch.export's ``8*h``, as sdrt's shipped graphs once were): the shape arithmetic
 #: (attention's reshapes) is written for that multiple only, so re-pointing the upsamplers would not make other
 #: sizes run, and such graphs are left as they are
 _MULTIPLE = re.compile(r"\d+\*\w+")
