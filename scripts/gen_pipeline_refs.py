@@ -210,7 +210,8 @@ def build(kind: str):
     work = Path(tempfile.mkdtemp())
     pad = "!" if kind in ("sd2v", "sd2-inpaint") else "<|endoftext|>"
     tok = write_tokenizer(work / "tokenizer", pad)
-    act = "gelu" if kind in ("sd2v", "sd2-inpaint", *XL_KINDS) else "quick_gelu"
+    # tiny-sdxl-dyn was built before SDXL's first encoder took gelu here and is committed with quick_gelu: keep it
+    act = "gelu" if kind in ("sd2v", "sd2-inpaint", "sdxl", "sdxl-inpaint") else "quick_gelu"
     text = CLIPTextModel(text_config(tok, act)).eval()
     scale_weights(text, 1)
     nine = kind in INPAINT_KINDS
