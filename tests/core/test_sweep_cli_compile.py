@@ -58,16 +58,22 @@ def test_a_build_writes_its_file(aot, tmp_path, capsys):
     assert out.read_bytes() == b"engine" and _Aot.built == [{"shapes": {"batch": 2}}]
 
 
-@pytest.mark.parametrize("kind", ["folder", "folder/", "device", "dangling link"])
+@pytest.mark.parametrize("kind", ["folder", "folder/", "device", "dangling link", "read-only file", "/proc"])
 def test_an_output_that_cannot_take_the_file_is_refused_before_the_build(aot, tmp_path, capsys, kind):
     out = {"folder": str(tmp_path), "folder/": f"{tmp_path}/", "device": "/dev/null",
-           "dangling link": str(tmp_path / "link.engine")}[kind]
+           "dangling link": str(tmp_path / "link.engine"), "read-only file": str(tmp_path / "ro.engine"),
+           "/proc": "/proc/m.engine"}[kind]
     if kind == "dangling link":
         (tmp_path / "link.engine").symlink_to(tmp_path / "gone" / "m.engine")
+    if kind == "read-only file":
+        (tmp_path / "ro.engine").write_bytes(b"kept")
+        (tmp_path / "ro.engine").chmod(0o444)
     assert main(["compile", str(aot), "-b", "aot", "-t", "t1", "-o", out]) == 1
     err = _error(capsys)
     assert "Where: -o." in err and _Aot.built == []
     assert not (tmp_path / "gone").exists()
+    if kind == "read-only file":
+        assert (tmp_path / "ro.engine").read_bytes() == b"kept"
 
 
 @pytest.mark.parametrize(("flags", "said"), [

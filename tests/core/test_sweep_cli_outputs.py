@@ -26,6 +26,21 @@ def test_strip_refuses_a_dangling_link_and_keeps_it(affine_path, tmp_path, capsy
     assert link.is_symlink() and not (tmp_path / "gone").exists()
 
 
+def test_strip_writes_through_a_weights_link_and_the_graph_finds_them(affine_path, tmp_path, capsys):
+    """A live --weights link is written through as -o's is (the link stays): the weights replaced the link with a
+    file while the graph named the link's target, which kept its old bytes, so the stripped graph did not load."""
+    from sdrt.graph import Graph
+
+    (tmp_path / "target.safetensors").write_bytes(b"old")
+    link = tmp_path / "w.safetensors"
+    link.symlink_to("target.safetensors")
+    assert main(["strip", str(affine_path), "-o", str(tmp_path / "g.onnx"), "--weights", str(link)]) == 0
+    capsys.readouterr()
+    assert link.is_symlink() and (tmp_path / "target.safetensors").stat().st_size > 3
+    want, got = Graph.load(affine_path).initializer_arrays(), Graph.load(tmp_path / "g.onnx").initializer_arrays()
+    assert want.keys() == got.keys() and all(np.array_equal(got[k], want[k]) for k in want)
+
+
 def test_strip_names_the_link_that_moves_the_graph_away_from_its_weights(affine_path, tmp_path, capsys):
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "out.onnx").symlink_to(tmp_path / "elsewhere" / "g.onnx")

@@ -115,17 +115,25 @@ def replace_mode(path: str | os.PathLike[str]) -> int:
     return stat.S_IMODE(st.st_mode)
 
 
+def write_target(path: str | os.PathLike[str]) -> Path:
+    """The file that writing ``path`` replaces: a symlink's target, as ``open`` writes through it (the link stays).
+    Raises FileNotFoundError for a dangling symlink: as cp refuses, neither a file nor the link's missing folders
+    are made."""
+    target = Path(path)
+    if os.path.islink(target):  # os.path: a name too long to stat is the caller's OSError later, not one here
+        target = Path(os.path.realpath(target))
+        if not os.path.exists(target):
+            raise FileNotFoundError(errno.ENOENT, f"it is a symlink to {target}, which does not exist", str(path))
+    return target
+
+
 def write_atomic(path: str | os.PathLike[str], chunks: Iterable[bytes | memoryview]) -> Path:
     """Write ``chunks`` to ``path`` through a temporary file in the same folder, synced and renamed over
     ``path``: a reader in another process sees the old file or the new one, never half of one. The file gets the
     mode a plain ``open`` would give it (``replace_mode``); a read-only ``path`` is refused, and so is anything but
     a regular file (a rename would put a file in place of a folder or of a device such as /dev/null). A symlink
     is written through to its target, as ``open`` would (the link stays). Raises OSError."""
-    target = Path(path)
-    if target.is_symlink():
-        target = Path(os.path.realpath(target))
-        if not target.exists():  # as cp refuses: neither a file nor the link's missing folders are made
-            raise FileNotFoundError(errno.ENOENT, f"it is a symlink to {target}, which does not exist", str(path))
+    target = write_target(path)
     target.parent.mkdir(parents=True, exist_ok=True)
     mode = replace_mode(target)
     fd, tmp = tempfile.mkstemp(prefix=f".{target.name[:24]}.", suffix=".tmp", dir=target.parent)

@@ -70,27 +70,20 @@ def parse_options(specs: list[str]) -> dict[str, Any]:
 
 
 def check_output(arg: str) -> None:
-    """-o before the build, which takes minutes for a large model: an existing folder, device, FIFO or socket, or a
-    dangling symlink is refused now. A backend found it only after the build, or wrote into it (``-o /dev/null``
-    printed "wrote /dev/null  0 bytes"; ``-o DIR`` and a dangling link ended in an OSError traceback)."""
-    import stat
+    """-o before the build, which takes minutes for a large model: an existing folder, device, FIFO or socket, a
+    dangling symlink, a missing or unwritable folder or a read-only file is refused now. A backend found it only
+    after the build, or wrote into it (``-o /dev/null`` printed "wrote /dev/null  0 bytes"; ``-o DIR`` and a
+    dangling link ended in an OSError traceback). The rules are the image outputs' (``png.output_target``); only
+    the folder's refusal is compile's own, since Core ML's build makes a new .mlpackage folder."""
+    from ..pipelines.png import PngError, output_target
 
-    from .paths import check_links
-
-    check_links({"-o": arg})
-    try:
-        mode = os.stat(arg).st_mode
-    except FileNotFoundError:
-        return
-    except OSError as exc:
-        raise InputError(f"cannot look at -o {arg} ({exc.strerror or exc})", where="-o",
-                         fix="pass another -o path") from exc
-    if stat.S_ISDIR(mode):
+    if os.path.isdir(arg):  # output_target refuses a dangling symlink too, before anything is built
         raise InputError(f"-o {arg} is a folder that exists; sdrt compile writes a new file (or a new .mlpackage "
                          "folder)", where="-o", fix=f"give a file name, such as {Path(arg) / 'model.engine'}")
-    if not stat.S_ISREG(mode):
-        raise InputError(f"-o {arg} is not a regular file (a device, FIFO or socket); sdrt compile writes its "
-                         "output only to a file", where="-o", fix="give a file name, such as model.engine")
+    try:
+        output_target(arg, "output", ".engine")
+    except PngError as exc:  # in the flag this command's other refusals name
+        raise InputError(exc.what, where="-o", fix=exc.fix) from None
 
 
 def run(args: argparse.Namespace) -> int:

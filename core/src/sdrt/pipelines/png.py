@@ -183,14 +183,14 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     text = os.fspath(path)
     if not text:
         raise PngError("the output path is empty", where=where, fix="name a file, such as out.png")
-    target = Path(text)
-    if os.path.islink(target):  # os.path: a name too long to stat is the OSError below, not a traceback here
-        real = Path(os.path.realpath(target))
-        if not real.exists():
-            raise PngError(f"{text} is a symlink to {real}, which does not exist, and no output is written "
-                           "through a dangling symlink (as cp does not)", where=where,
-                           fix="create the target, remove the link, or pick another file name")
-        target = real
+    from ..cache.paths import write_target
+
+    try:
+        target = write_target(text)
+    except FileNotFoundError:
+        raise PngError(f"{text} is a symlink to {os.path.realpath(text)}, which does not exist, and no output is "
+                       "written through a dangling symlink (as cp does not)", where=where,
+                       fix="create the target, remove the link, or pick another file name") from None
     try:
         mode = target.stat().st_mode
     except FileNotFoundError:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..cache.paths import replace_mode
+from ..cache.paths import replace_mode, write_target
 from ..errors import WeightsError
 
 #: headers larger than this are refused (the reference implementation uses the same bound)
@@ -175,7 +175,7 @@ Tensor = np.ndarray | FileSlice
 
 def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable[tuple[str, Tensor]],
           metadata: Mapping[str, str] | None = None) -> dict[str, tuple[int, int]]:
-    """Write a safetensors file (atomically: temporary file, then rename).
+    """Write a safetensors file (atomically: temporary file, then rename; a symlink is written through).
 
     Tensors are written largest item size first, so every tensor stays aligned
     to its item size. Returns ``name -> (absolute offset, length)`` in the file.
@@ -197,22 +197,28 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable
     blob += b" " * (-len(blob) % 8)
     start = 8 + len(blob)
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:  # a rename over the link put a file in its place, and a graph naming the link's target lost its weights
+        target = write_target(path)
+    except FileNotFoundError:
+        raise WeightsError(f"it is a symlink to {os.path.realpath(path)}, which does not exist, and no file is "
+                           "written through a dangling symlink (as cp does not)", where=str(path),
+                           fix="create the target, remove the link, or pick another file name") from None
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        mode = replace_mode(path)  # refuses a read-only file
+        mode = replace_mode(target)  # refuses a read-only file
         with open(tmp, "wb") as f:
             f.write(len(blob).to_bytes(8, "little"))
             f.write(blob)
             for _, arr in items:
                 _write_array(f, arr)
         os.chmod(tmp, mode)
-        os.replace(tmp, path)
+        os.replace(tmp, target)
     except KeyboardInterrupt:  # Ctrl-C mid-write: no half file left beside the output
         tmp.unlink(missing_ok=True)
         raise
     except OSError as exc:
         tmp.unlink(missing_ok=True)
-        fix = "create the folder first" if not path.parent.is_dir() else "check free disk space and permissions"
+        fix = "create the folder first" if not target.parent.is_dir() else "check free disk space and permissions"
         raise WeightsError(f"cannot write weights ({exc.strerror or exc})", where=str(path), fix=fix) from exc
     return {name: (start + header[name]["data_offsets"][0], int(arr.nbytes)) for name, arr in items}
 
