@@ -268,6 +268,38 @@ def test_ops_without_value_inference_are_counted_and_fed_from_a_reference():
     np.testing.assert_allclose(ev.outputs["y"], run_ort(model, {"x": x})["y"], rtol=1e-5, atol=1e-6)
 
 
+def test_a_unet_upsampler_off_the_grid_picks_the_rows_torch_picks():
+    """diffusers' UNet at a side that is not a multiple of 64 sizes each upsampler from its skip (12 -> 23 rows):
+    sizes read from a Shape, folded once the shapes are pinned; not a whole factor, so gathers by fixed indices."""
+    x, skip = _x(1, 3, 12, 6), _x(1, 2, 23, 11)
+    nodes = [helper.make_node("Shape", ["skip"], ["s"]),
+             helper.make_node("Slice", ["s", "two", "four"], ["hw"]),
+             helper.make_node("Concat", ["nc", "hw"], ["sizes"], axis=0),
+             helper.make_node("Resize", ["x", "", "", "sizes"], ["y"], mode="nearest",
+                              coordinate_transformation_mode="asymmetric", nearest_mode="floor")]
+    inits = {"two": np.array([2], np.int64), "four": np.array([4], np.int64), "nc": np.array([1, 3], np.int64)}
+    model = make_model(nodes, {"x": (x.shape, F), "skip": (skip.shape, F)}, {"y": (None, F)}, inits)
+    ev = check(model, {"x": x, "skip": skip}, rtol=0, atol=0)
+    assert ev.stand_ins == {}
+
+
+_MODES = [("asymmetric", "floor"), ("half_pixel", "round_prefer_floor"), ("pytorch_half_pixel", "round_prefer_ceil"),
+          ("align_corners", "ceil"), ("tf_half_pixel_for_nn", "round_prefer_floor")]
+
+
+@pytest.mark.parametrize(("ctm", "pick", "scales"), [
+    *[(c, p, s) for c, p in _MODES for s in ((1.5, 2.25), (0.5, 0.75))],
+    # whole factors with a rounding that picks floor(i / s) are upsample_nearest_neighbor, which has no value
+    # inference (the test above feeds it); these two pick other rows, so they are gathers too
+    ("align_corners", "ceil", (3.0, 2.0)), ("tf_half_pixel_for_nn", "round_prefer_floor", (3.0, 2.0))])
+def test_nearest_resize_by_any_factor_and_rounding(ctm, pick, scales):
+    x = _x(1, 2, 8, 8)
+    node = helper.make_node("Resize", ["x", "", "sc"], ["y"], mode="nearest", coordinate_transformation_mode=ctm,
+                            nearest_mode=pick)
+    model = make_model([node], {"x": (x.shape, F)}, {"y": (None, F)}, {"sc": np.array([1, 1, *scales], np.float32)})
+    check(model, {"x": x}, rtol=0, atol=0)
+
+
 @pytest.mark.parametrize(("equation", "sa", "sb"), [
     ("bhid,bhjd->bhij", (1, 2, 4, 8), (1, 2, 5, 8)),   # attention scores, old diffusers exports
     ("bhij,bhjd->bhid", (1, 2, 4, 5), (1, 2, 5, 8)),   # attention values
