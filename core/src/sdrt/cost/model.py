@@ -438,21 +438,23 @@ def inflight_bytes(cost: GraphCost) -> float:
 
 
 def transient_bytes(cost: GraphCost, f: Factors, conv_factor: float = 0.0, other_factor: float = 0.0,
-                    table_factor: float = 0.0) -> float:
+                    table_factor: float = 0.0, table_transient: float = 0.0) -> float:
     """The bytes a runtime holds in flight while it transforms or repacks weights at compile time, on top of the
     weights' own factors: ``transient_conv_factor`` x the largest conv kernel + ``transient_factor`` x the largest
     other weight; with ``Factors.sequential_transients`` (weights converted one at a time in the nodes' order,
     ``GraphCost.weight_order``), the largest over the weights of one weight's transient less what the weights read
-    after it hold compiling (``conv_factor`` x kernels, ``table_factor`` x lookup tables, which are kept as stored and
-    have no transient, ``other_factor`` x the rest): the compile peak comes where
-    the sum of held weights and one transient is largest, and a weight read early is covered by those after it."""
+    after it hold compiling (``conv_factor`` x kernels, ``table_factor`` x lookup tables, ``other_factor`` x the rest):
+    the compile peak comes where the sum of held weights and one transient is largest, and a weight read early is
+    covered by those after it. A lookup table is kept as stored; its transient, ``table_transient`` x its bytes, is the
+    source it is copied from (the file's pages, handed back once it is copied)."""
     order = getattr(cost, "weight_order", ())
     if not (f.sequential_transients and order):
         return (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
                 + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
     worst = after = 0.0
     for size, kind in reversed(order):
-        if kind == "table":  # kept as stored: held, never in flight
+        if kind == "table":  # kept as stored: its source in flight while it is copied
+            worst = max(worst, table_transient * size - after)
             after += table_factor * size
             continue
         worst = max(worst, (f.transient_conv_factor if kind == "kernel" else f.transient_factor) * size - after)
@@ -477,9 +479,18 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     def pick(dynamic: float | None, static: float) -> float:
         return dynamic if dyn and dynamic is not None else static
 
+    # a lookup table while compiling: ``compile_table_factor`` x its bytes, fitted on a case that holds the table alone
+    # (``embedding``). A backend that copies its weights one at a time (ggml) holds the copy it keeps, as it runs
+    # (``table_factor``), and the rest of that is the source in flight while the table is copied, handed back before the
+    # weights after it are read: CLIP's text encoders peaked 145 MiB (their token table) under a held 2.1 x the table
+    # (fp32 on Zen 5), the table being their first weight
+    table_c = pick(f.dynamic_compile_table_factor, f.compile_table_factor)
+    order = getattr(cost, "weight_order", ())
+    table_held = min(table_c, pick(f.dynamic_run_table_factor, f.table_factor or 0.0)) if (
+        f.sequential_transients and order and f.table_factor is not None) else table_c
     transient = transient_bytes(cost, f, pick(f.dynamic_compile_conv_weight_factor, f.compile_conv_weight_factor),
                                 pick(f.dynamic_compile_weight_factor, f.compile_weight_factor or 0.0),
-                                pick(f.dynamic_compile_table_factor, f.compile_table_factor))
+                                table_held, table_c - table_held)
 
     # a dynamic graph's matmuls with a fused activation, where the factors tell them apart
     epi = min(getattr(cost, "epilogue_weight_bytes", 0.0), other) if dyn and (
@@ -502,7 +513,7 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     # the float32 pages read while a half copy is made are handed back before the runtime compiles it, reads the lookup
     # tables and transforms kernels: the larger of the two is in flight, not both
     inflight = pick(f.dynamic_compile_inflight_factor, 0.0) * inflight_bytes(cost)
-    compiling = pick(f.dynamic_compile_table_factor, f.compile_table_factor) * table + transient
+    compiling = table_held * table + transient
     compile_peak = (compile_w + max(inflight, compiling) + f.compile_input_factor * inputs + nodes
                     + f.compile_small_factor * getattr(cost, "small_weight_bytes", 0.0) + f.base_bytes)
     return compile_peak, run_peak, run_w + f.retained_factor * getattr(cost, "small_weight_bytes", 0.0) + nodes
