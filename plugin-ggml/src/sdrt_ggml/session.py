@@ -22,6 +22,7 @@ from sdrt.errors import InputError, SdrtError
 from sdrt.lowering import fold_node
 from sdrt.weights import same_values
 from sdrt.weights.blocks import BlockMatrix
+from sdrt.weights.pages import trim_heap
 
 from . import native
 from .devices import DeviceHandles
@@ -98,6 +99,7 @@ class GgmlSession(Session):
                 g.ggml_build_forward_expand(self._graph, v.ptr)
                 self._out_tensors[name] = v
         self._alloc_weights(lo)
+        trim_heap()  # the converted weights' temporaries, freed between the weights kept (sdrt.weights.pages)
         self._alloc_graph()
         self._set_threads()
         log.info("lowered %s: %d ggml nodes, %d weight tensors, rewrites %s", self._where,

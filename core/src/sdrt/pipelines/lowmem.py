@@ -54,16 +54,11 @@ def give_back() -> None:
     """Collect, then hand freed heap pages back to the OS (glibc keeps them in its arenas otherwise, so
     the process stays as large as the part it just freed)."""
     import gc
-    import sys
+
+    from ..weights.pages import trim_heap
 
     gc.collect()
-    if sys.platform.startswith("linux"):
-        import ctypes
-
-        try:
-            ctypes.CDLL("libc.so.6").malloc_trim(0)
-        except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-            pass
+    trim_heap()
 
 
 def model_bytes(paths: Iterable[Path]) -> int:
