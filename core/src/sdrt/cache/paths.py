@@ -115,15 +115,20 @@ def replace_mode(path: str | os.PathLike[str]) -> int:
     return stat.S_IMODE(st.st_mode)
 
 
+#: what to do about an output that is a dangling symlink (``write_target`` refuses one)
+DANGLING_FIX = "create the target, remove the link, or pick another file name"
+
+
 def write_target(path: str | os.PathLike[str]) -> Path:
     """The file that writing ``path`` replaces: a symlink's target, as ``open`` writes through it (the link stays).
-    Raises FileNotFoundError for a dangling symlink: as cp refuses, neither a file nor the link's missing folders
-    are made."""
+    Raises FileNotFoundError for a dangling symlink, its ``strerror`` the refusal every output shows: as cp refuses,
+    neither a file nor the link's missing folders are made."""
     target = Path(path)
     if os.path.islink(target):  # os.path: a name too long to stat is the caller's OSError later, not one here
         target = Path(os.path.realpath(target))
         if not os.path.exists(target):
-            raise FileNotFoundError(errno.ENOENT, f"it is a symlink to {target}, which does not exist", str(path))
+            raise FileNotFoundError(errno.ENOENT, f"{os.fspath(path)} is a symlink to {target}, which does not exist, "
+                                    "and no output is written through a dangling symlink (as cp does not)", str(path))
     return target
 
 

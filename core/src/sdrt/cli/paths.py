@@ -117,12 +117,15 @@ def check_links(outputs: dict[str, str | os.PathLike[str] | None]) -> None:
     """Refuse an output that is a dangling symlink, before any work, as ``-o`` of generate refuses one (and ``cp``):
     quantize wrote the whole graph, then failed ("check free disk space and permissions"); strip replaced a
     --weights link with a file, or refused -o with "the weights file must sit in the stripped graph's folder"."""
+    from ..cache.paths import DANGLING_FIX, write_target
+
     for flag, value in outputs.items():
-        if value is None or not os.path.islink(value) or os.path.exists(value):
+        if value is None:
             continue
-        raise InputError(f"{flag} {value} is a symlink to {os.path.realpath(value)}, which does not exist, and no "
-                         "output is written through a dangling symlink (as cp does not)", where=flag,
-                         fix="create the target, remove the link, or pick another file name")
+        try:
+            write_target(value)
+        except FileNotFoundError as exc:
+            raise InputError(f"{flag} {exc.strerror}", where=flag, fix=DANGLING_FIX) from None
 
 
 def weights_once(weights: list[str] | None) -> None:

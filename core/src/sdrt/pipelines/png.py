@@ -183,14 +183,12 @@ def output_target(path: str | os.PathLike[str], arg: str = "path", suffix: str =
     text = os.fspath(path)
     if not text:
         raise PngError("the output path is empty", where=where, fix="name a file, such as out.png")
-    from ..cache.paths import write_target
+    from ..cache.paths import DANGLING_FIX, write_target
 
     try:
         target = write_target(text)
-    except FileNotFoundError:
-        raise PngError(f"{text} is a symlink to {os.path.realpath(text)}, which does not exist, and no output is "
-                       "written through a dangling symlink (as cp does not)", where=where,
-                       fix="create the target, remove the link, or pick another file name") from None
+    except FileNotFoundError as exc:
+        raise PngError(exc.strerror, where=where, fix=DANGLING_FIX) from None
     try:
         mode = target.stat().st_mode
     except FileNotFoundError:

@@ -21,7 +21,7 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
-from ..cache.paths import replace_mode, write_target
+from ..cache.paths import DANGLING_FIX, replace_mode, write_target
 from ..errors import WeightsError
 
 #: headers larger than this are refused (the reference implementation uses the same bound)
@@ -199,10 +199,8 @@ def write(path: str | os.PathLike[str], tensors: Mapping[str, Tensor] | Iterable
     path = Path(path)
     try:  # a rename over the link put a file in its place, and a graph naming the link's target lost its weights
         target = write_target(path)
-    except FileNotFoundError:
-        raise WeightsError(f"it is a symlink to {os.path.realpath(path)}, which does not exist, and no file is "
-                           "written through a dangling symlink (as cp does not)", where=str(path),
-                           fix="create the target, remove the link, or pick another file name") from None
+    except FileNotFoundError as exc:
+        raise WeightsError(exc.strerror, where=str(path), fix=DANGLING_FIX) from None
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
         mode = replace_mode(target)  # refuses a read-only file
