@@ -109,3 +109,43 @@ def test_a_model_file_linked_from_another_folder_maps_its_own_inline_weights(tmp
     assert g.mapped_initializers == ["big"]
     np.testing.assert_array_equal(g.initializer_arrays()["big"],
                                   numpy_helper.to_array(model.graph.initializer[0]))
+
+
+def test_rewriting_without_the_inline_weights_reads_the_file_or_the_bytes_alike(tmp_path):
+    """``without_inline`` writes the rewritten model once, reading the kept spans from the open file with plain reads
+    (as Graph.load does) or from the bytes given: both give the same model, whose external references point at the original bytes."""
+    from sdrt.graph.onnxfile import FileBytes, without_inline
+
+    rng = np.random.default_rng(7)
+    rows = MAP_INLINE_MIN_BYTES // (4 * 8) + 1
+    inits = []
+    for i in range(3):  # large and small initializers interleaved
+        inits.append(numpy_helper.from_array(rng.standard_normal((rows, 8)).astype(np.float32), f"big{i}"))
+        inits.append(numpy_helper.from_array(rng.standard_normal((8,)).astype(np.float32), f"small{i}"))
+    nodes = [helper.make_node("Identity", [t.name], [f"o{k}"]) for k, t in enumerate(inits)]
+    graph = helper.make_graph(nodes, "g", [], [helper.make_tensor_value_info(f"o{k}", TensorProto.FLOAT, None)
+                                               for k in range(len(inits))], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    p = tmp_path / "m.onnx"
+    onnx.save(model, p)
+    data = p.read_bytes()
+    from_bytes, spans = without_inline(data, p.name)
+    class SmallBlocks(FileBytes):
+        BLOCK = 64  # many blocks: tags and names that straddle them
+
+    with open(p, "rb") as f:
+        from_file, spans_f = without_inline(SmallBlocks(f, len(data)), p.name, source=f)
+    assert bytes(from_bytes) == bytes(from_file) and spans == spans_f
+    assert sorted(spans) == ["big0", "big1", "big2"]
+    rewritten = onnx.ModelProto()
+    rewritten.ParseFromString(from_file)
+    assert [n.name for n in rewritten.graph.node] == [n.name for n in model.graph.node]
+    for got, want in zip(rewritten.graph.initializer, model.graph.initializer):
+        assert got.name == want.name
+        if got.name in spans:
+            off, length = spans[got.name]
+            assert not got.raw_data and {e.key: e.value for e in got.external_data} == {
+                "location": "m.onnx", "offset": str(off), "length": str(length)}
+            assert data[off:off + length] == want.raw_data
+        else:
+            assert got.raw_data == want.raw_data
