@@ -33,6 +33,10 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 #: the full-size SD 1.5 (ONNX, fp32 weights) that the SD 1.x rows run; --sd15 names another copy
 SD15 = Path("/work/models/sd15-full/onnx")
+#: the full-size SDXL base (ONNX, fp32 weights, scripts/make_sdxl_full.py) for the SDXL rows; --sdxl names another copy
+SDXL = Path("/work/models/sdxl-full")
+#: the sizes its rows run at (SDXL's own 1024 px costs a minute a UNet call at fp32 on 2 cores; --sdxl-size)
+SDXL_SIZES = [512, 768]
 #: the bench models of bench/models.py that the check runs (the DiT blocks are left out: seconds per call)
 BENCH = ("vae_decoder", "unet", "text_encoder", "mobilenet_v3", "mobilenet_v2")
 #: the precision that the calibration and the check both pin (--precision bf16: sdrt's default on a CPU with bf16
@@ -65,7 +69,7 @@ def cases(workdir: Path):
         path = workdir / f"{name}-bench.onnx"
         path.write_bytes(model.SerializeToString())
         yield "bench", name, path, {k: v.shape for k, v in feeds.items()}, None
-    for label, folder, sizes in [("SD 1.5", SD15, [128, 256]),
+    for label, folder, sizes in [("SD 1.5", SD15, [128, 256]), ("SDXL", SDXL, SDXL_SIZES),
                                  ("SDXL tiny-dyn", ROOT / "tests/data/pipelines/tiny-sdxl-dyn", [256, 512])]:
         if not (folder / "model_index.json").is_file():
             print(f"skipping {label}: no model folder at {folder}", flush=True)
@@ -78,7 +82,7 @@ def cases(workdir: Path):
 
 
 def main(argv=None) -> int:
-    global SD15, PRECISION
+    global SD15, SDXL, SDXL_SIZES, PRECISION
     ap = argparse.ArgumentParser()
     ap.add_argument("--backend", action="append", default=[])
     ap.add_argument("--device", default=None, help="run on this device id of the backends (default: their choice, "
@@ -91,6 +95,9 @@ def main(argv=None) -> int:
                     help="seconds of timed runs for a part whose call takes over a second (default 8)")
     ap.add_argument("--json")
     ap.add_argument("--sd15", type=Path, default=SD15, help="a full-size SD 1.5 ONNX folder for the SD 1.x rows")
+    ap.add_argument("--sdxl", type=Path, default=SDXL, help="a full-size SDXL ONNX folder for the SDXL rows")
+    ap.add_argument("--sdxl-size", type=int, action="append", default=[],
+                    help=f"a size of the SDXL rows (default {SDXL_SIZES[0]} and {SDXL_SIZES[1]})")
     ap.add_argument("--group", action="append", default=[], help="only cases whose group starts with this")
     ap.add_argument("--part", action="append", default=[], help="only parts with this name (e.g. unet)")
     ap.add_argument("--from-json", type=Path,
@@ -100,7 +107,8 @@ def main(argv=None) -> int:
                     help="the precision to pin and predict (default fp32, as `sdrt selftest --calibrate` measures; "
                          "another one is predicted from its own calibration where one is stored, else from fp32's)")
     args = ap.parse_args(argv)
-    SD15 = args.sd15
+    SD15, SDXL = args.sd15, args.sdxl
+    SDXL_SIZES = args.sdxl_size or SDXL_SIZES
     PRECISION = args.precision
     from sdrt.cost.calibrate import features, measure, quiet_for
     from sdrt.cost.devices import for_runtime, this_cpu
