@@ -67,6 +67,27 @@ def test_matmul_and_gemm():
     assert reshape.bytes_read == reshape.bytes_written == 0
 
 
+def test_a_weight_matmul_over_few_rows_is_timed_as_narrow():
+    """A weight matmul over fewer than NARROW_ROWS rows (a text encoder's 77 tokens, batch 1 or 2) has its own timing
+    class; from NARROW_ROWS rows up, and a matmul of two activations, keep theirs."""
+    from sdrt.cost.nodes import NARROW_ROWS
+
+    def kinds(rows):
+        g = _graph([helper.make_node("MatMul", ["x", "w"], ["h"]), helper.make_node("MatMul", ["h", "hT"], ["s"])],
+                   [helper.make_tensor_value_info("x", F, [1, rows, 64]),
+                    helper.make_tensor_value_info("hT", F, [1, 128, rows])],
+                   [helper.make_tensor_value_info("s", F, None)], [_w("w", (64, 128))])
+        return [n.time_class for n in graph_costs(g).nodes]
+
+    assert kinds(77) == ["matmul_narrow", "attention"]
+    assert kinds(NARROW_ROWS - 1) == ["matmul_narrow", "attention"]
+    assert kinds(NARROW_ROWS) == ["matmul", "attention"]
+    gemm = _graph([helper.make_node("Gemm", ["x", "w"], ["y"], transB=1)],
+                  [helper.make_tensor_value_info("x", F, [154, 64])], [helper.make_tensor_value_info("y", F, None)],
+                  [_w("w", (10, 64))])
+    assert [n.time_class for n in graph_costs(gemm).nodes] == ["matmul_narrow"]
+
+
 def test_attention_pattern_and_liveness():
     """softmax(Q K^T * s) V with Q, K, V activations: both matmuls are attention, not weights."""
     b, s, d = 4, 64, 32

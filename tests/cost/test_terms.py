@@ -211,3 +211,28 @@ def test_narrow_heads_and_short_rows_cost_as_the_attention_kernel_works():
     per_row = Factors(**{**plain.to_dict(), "attention_row_s": 1e-6})
     assert predict(cost, cpu, "openvino", "fp32", per_row).ms == pytest.approx(
         predict(cost, cpu, "openvino", "fp32", plain).ms + 16e-3)
+
+
+def test_a_calibration_without_narrow_matmuls_times_them_as_matmuls():
+    """A calibration stored before the ``matmul_narrow`` class (or fitted from cases without one) times a narrow
+    matmul at the matmuls' efficiency, never as free work; one fitted with it, at its own."""
+    g = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 77, 256])],
+               [helper.make_tensor_value_info("y", F, None)],
+               [numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")])
+    c = graph_costs(g)
+    assert [n.time_class for n in c.nodes] == ["matmul_narrow"]
+    cpu = devices.find("cpu")
+    old = Factors({"matmul": 0.5}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0)
+    narrow = Factors({"matmul": 0.5, "matmul_narrow": 0.1}, {}, additive=True, bandwidth_bytes_per_s=1e10,
+                     weight_bandwidth_efficiency=1.0)
+    flops_ms = 1000 * c.nodes[0].flops / cpu.peak("fp32")
+    t_old, t_narrow = (predict(c, cpu, "openvino", "fp32", f).by_class_ms["matmul"] for f in (old, narrow))
+    assert t_narrow - t_old == pytest.approx(flops_ms * (1 / 0.1 - 1 / 0.5), rel=1e-6)
+    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+    rows = [{"features": features(c, cpu.peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}]
+    assert "matmul_narrow" in fit(rows, 1e10, "openvino").efficiency
+    wide = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 512, 256])],
+                  [helper.make_tensor_value_info("y", F, None)],
+                  [numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")])
+    rows = [{"features": features(graph_costs(wide), cpu.peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}]
+    assert "matmul_narrow" not in fit(rows, 1e10, "openvino").efficiency

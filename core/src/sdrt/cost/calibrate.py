@@ -1104,7 +1104,8 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
     ``held``: time coefficients taken as they are (``held_terms``); ``tail32``: the rows' activations hold the
     graph's tail float32 (``Factors.float32_tail``)."""
     c = _fit_times(rows, held)
-    eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES}
+    # a narrow matmul no case measured (rows without the class) takes the matmuls' efficiency (``predict``'s fallback)
+    eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES if k != "matmul_narrow" or f"flops_{k}" in c}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     if any(r.get("features", {}).get(f"nodes_{k}") for r in rows for k in NODE_CLASSES):  # per op class (a GPU's
         # launches; ``features``' transfers): a time class (conv1x1, groupnorm) falls back to its op class's

@@ -37,7 +37,10 @@ log = logging.getLogger("sdrt.cost")
 #: twin hands the pages it read back every 256 MiB (``sdrt_openvino.bf16``); a smaller graph holds all of them
 HALF_COPY_CHUNK_BYTES = 256 * 2**20
 
-TIME_CLASSES = ("matmul", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm", "elementwise", "data")
+#: the timing classes, each with a FLOPs efficiency of its own (``sdrt.cost.nodes``: a time class that a calibration
+#: lacks, ``matmul_narrow`` in one stored before it, takes its op class's)
+TIME_CLASSES = ("matmul", "matmul_narrow", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm",
+                "elementwise", "data")
 
 
 @dataclass

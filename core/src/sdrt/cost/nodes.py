@@ -16,7 +16,8 @@ intermediate, and walks the nodes. Counting rules, per node:
   elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
   residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv,
-  ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
+  ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``matmul_narrow`` for a weight matmul over fewer than
+  ``NARROW_ROWS`` rows, ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
   map per group, unlike LayerNorm's rows), which run at their own efficiency, and ``int`` for integer work
   on integer values (token ids: positions, masks), which a runtime may run on the host at a cost per node.
 - **Shapes are constants**: at pinned shapes a Shape (or Size) node's value is known, so the shape
@@ -340,7 +341,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         for o in n.output:
             writer_class[o] = cls
         w_at = _WEIGHT_AT.get(op, 1)
-        kind = _time_kind(n, cls, shape(ins[w_at]) if len(ins) > w_at else None)
+        kind = _time_kind(n, cls, shape(ins[w_at]) if len(ins) > w_at else None, out_shapes[0] if out_shapes else None)
         if cls != "view" and not kind and all(_integer(dtype(v)) for v in [o for o in n.output if o]
                                               + [i for i in ins if i not in origin]):
             kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
@@ -488,7 +489,17 @@ def _integer(dtype: str) -> bool:
     return dtype == "bool" or dtype.startswith(("int", "uint"))
 
 
-def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None) -> str:
+#: a weight matmul over fewer rows than this (a text encoder's 77 tokens, a UNet's cross-attention keys) runs at an
+#: efficiency of its own (``matmul_narrow``): OpenVINO's bf16 (AMX) MLPs of 768 x 3072 reached 0.19-0.21 of the peak
+#: at 32-77 rows, 0.29-0.37 at 128-154 and 0.41-0.44 from 256 rows up (Sapphire Rapids), where float32 ran alike at
+#: every width from 32 rows; one matmul efficiency put CLIP's bf16 time at 0.40-0.45 of what it measured
+NARROW_ROWS = 256
+
+
+def _time_kind(n: Any, cls: str, kernel: tuple[int, ...] | None = None,
+               out: tuple[int, ...] | None = None) -> str:
+    if cls == "matmul" and out and len(out) >= 2 and 0 < _prod(out[:-1]) < NARROW_ROWS:
+        return "matmul_narrow"
     if cls == "conv" and next((a.i for a in n.attribute if a.name == "group"), 1) > 1:
         return "dwconv"
     if n.op_type in ("Conv", "QLinearConv") and kernel is not None and len(kernel) > 2 and all(k == 1 for k in kernel[2:]):
