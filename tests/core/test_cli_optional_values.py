@@ -101,3 +101,11 @@ def test_a_misspelt_flag_is_answered_with_the_flag_it_is_near(capsys):
         main(["generate", "a cat", "--control-net", "foo", "--stepz=4"])
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "(did you mean --controlnet, --steps?)" in err, err
+
+
+@pytest.mark.parametrize("flag", ["--negative", "--negative-prompt", "-n"])
+def test_the_negative_prompt_has_the_names_other_tools_give_it(parser, flag):
+    """``--negative-prompt`` (stable-diffusion.cpp's, and diffusers' negative_prompt) was refused with "did you mean
+    --hires-negative-prompt?", which names the second pass's prompt."""
+    args, extra = parser.parse_known_args(["generate", "model", "a cat", flag, "blurry"])
+    assert extra == [] and args.negative == "blurry" and args.args == ["model", "a cat"]

@@ -43,7 +43,7 @@ def add_parser(sub: Any) -> argparse.ArgumentParser:
     )
     p.add_argument("args", nargs="+", metavar="[MODEL] PROMPT",
                    help="model folder or .safetensors file (optional) and the prompt")
-    p.add_argument("--negative", "-n", default="", help="negative prompt")
+    p.add_argument("--negative", "--negative-prompt", "-n", dest="negative", default="", help="negative prompt")
     p.add_argument("--steps", type=int, default=20, help="sampling steps (default 20)")
     p.add_argument("--cfg", type=float, default=None,
                    help="classifier-free guidance scale (1: no negative pass; default: 7 for SD and SD3, 5 for "
