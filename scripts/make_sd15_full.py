@@ -83,9 +83,43 @@ def build(work: Path) -> StableDiffusionPipeline:
                                    safety_checker=None, feature_extractor=None, requires_safety_checker=False)
 
 
+def gather_external(path: Path) -> None:
+    """torch's one file per weight (a graph over 2 GB) into one ``model.onnx_data`` beside ``path``, streamed."""
+    import onnx
+    from onnx.external_data_helper import uses_external_data
+
+    model = onnx.load(str(path), load_external_data=False)
+    folder = path.parent
+    loose: set[Path] = set()
+    with open(folder / "model.onnx_data", "wb") as out:
+        for t in model.graph.initializer:
+            if not uses_external_data(t):
+                if len(t.raw_data) < 1024:
+                    continue
+                data = t.raw_data
+                t.ClearField("raw_data")
+            else:
+                info = {e.key: e.value for e in t.external_data}
+                src = folder / info["location"]
+                with open(src, "rb") as f:
+                    f.seek(int(info.get("offset", 0)))
+                    data = f.read(int(info["length"])) if "length" in info else f.read()
+                loose.add(src)
+                del t.external_data[:]
+            offset = out.tell()
+            out.write(data)
+            for k, v in (("location", "model.onnx_data"), ("offset", str(offset)), ("length", str(len(data)))):
+                e = t.external_data.add()
+                e.key, e.value = k, v
+            t.data_location = onnx.TensorProto.EXTERNAL
+    onnx.save_model(model, str(path))
+    for f in loose:
+        f.unlink()
+
+
 def _export(module, args, path: Path, inputs, outputs, dynamic, external: bool = False) -> None:
-    """torch.onnx.export, then (``external``) every weight into one ``model.onnx_data`` beside it: the UNet is
-    over protobuf's 2 GB, so torch writes one file per weight and the model is checked by path."""
+    """torch.onnx.export, then (``external``) every weight into one ``model.onnx_data`` beside it
+    (``gather_external``): the UNet is over protobuf's 2 GB, so torch writes one file per weight."""
     import onnx
 
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -93,13 +127,7 @@ def _export(module, args, path: Path, inputs, outputs, dynamic, external: bool =
         torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=dynamic,
                           opset_version=OPSET, dynamo=False, do_constant_folding=True)
     if external:
-        model = onnx.load(str(path))  # reads torch's loose weight files
-        for f in path.parent.iterdir():
-            if f.name not in ("model.onnx", "config.json"):
-                f.unlink()
-        onnx.save_model(model, str(path), save_as_external_data=True, all_tensors_to_one_file=True,
-                        location="model.onnx_data", size_threshold=1024)
-        del model
+        gather_external(path)
     onnx.checker.check_model(str(path))
 
 

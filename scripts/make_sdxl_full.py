@@ -13,7 +13,7 @@ and 10 transformer layers, heads of 64 channels, cross-attention 2048, linear pr
 time id, 2816 in); CLIP ViT-L/14 (quick_gelu) and OpenCLIP ViT-bigG/14 (32 layers, 1280 wide, gelu, projection 1280)
 text models; ``AutoencoderKL`` 128/256/512/512, scaling 0.13025. Weights are drawn at 1/sqrt(fan-in)
 (``gen_pipeline_refs.scale_weights``). Each part is built, exported and dropped in turn, and torch's one file per
-weight is gathered into ``model.onnx_data`` by streaming (never the whole UNet in memory twice): at most 13 GB of
+weight is gathered into ``model.onnx_data`` by streaming (``make_sd15_full.gather_external``) (never the whole UNet in memory twice): at most 13 GB of
 memory, at the UNet's export, and 3.5 minutes on 2 cores of a Sapphire Rapids (beside a CI run).
 
     /work/refvenv/bin/python scripts/make_sdxl_full.py [--out DIR]
@@ -37,7 +37,6 @@ from transformers import CLIPTextConfig, CLIPTextModel, CLIPTextModelWithProject
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from gen_pipeline_refs import (  # noqa: E402
-    OPSET,
     RELEASE_SCHEDULERS,
     _Text,
     _Unet,
@@ -45,7 +44,7 @@ from gen_pipeline_refs import (  # noqa: E402
     _VaeEncoder,
     scale_weights,
 )
-from make_sd15_full import tokenizer  # noqa: E402
+from make_sd15_full import _export, tokenizer  # noqa: E402
 
 
 def text_config(width: int, layers: int, heads: int, act: str) -> CLIPTextConfig:
@@ -71,51 +70,9 @@ def vae_model() -> AutoencoderKL:
         sample_size=1024, scaling_factor=0.13025, force_upcast=True).eval()
 
 
-def gather_external(path: Path) -> None:
-    """torch's one file per weight (a graph over 2 GB) into one ``model.onnx_data`` beside ``path``, streamed."""
-    import onnx
-    from onnx.external_data_helper import uses_external_data
-
-    model = onnx.load(str(path), load_external_data=False)
-    folder = path.parent
-    loose: set[Path] = set()
-    with open(folder / "model.onnx_data", "wb") as out:
-        for t in model.graph.initializer:
-            if not uses_external_data(t):
-                if len(t.raw_data) < 1024:
-                    continue
-                data = t.raw_data
-                t.ClearField("raw_data")
-            else:
-                info = {e.key: e.value for e in t.external_data}
-                src = folder / info["location"]
-                with open(src, "rb") as f:
-                    f.seek(int(info.get("offset", 0)))
-                    data = f.read(int(info["length"])) if "length" in info else f.read()
-                loose.add(src)
-                del t.external_data[:]
-            offset = out.tell()
-            out.write(data)
-            for k, v in (("location", "model.onnx_data"), ("offset", str(offset)), ("length", str(len(data)))):
-                e = t.external_data.add()
-                e.key, e.value = k, v
-            t.data_location = onnx.TensorProto.EXTERNAL
-    onnx.save_model(model, str(path))
-    for f in loose:
-        f.unlink()
-
-
 def export(module, args, path: Path, inputs, outputs, dynamic, external: bool = False) -> None:
-    import onnx
-
-    path.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.time()
-    with torch.no_grad():
-        torch.onnx.export(module, args, str(path), input_names=inputs, output_names=outputs, dynamic_axes=dynamic,
-                          opset_version=OPSET, dynamo=False, do_constant_folding=True)
-    if external:
-        gather_external(path)
-    onnx.checker.check_model(str(path))
+    _export(module, args, path, inputs, outputs, dynamic, external=external)
     print(f"{path.parent.name} exported in {time.time() - t0:.0f} s", flush=True)
 
 
