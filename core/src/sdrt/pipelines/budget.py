@@ -1,8 +1,8 @@
 """A memory budget and the placement that meets it: each part resident, released after use, or streamed.
 
 ``Pipeline(memory=...)`` (``sdrt generate --memory 8GB``) sets the budget; without one it is what the
-device reports (``Device.memory_bytes``, as ``auto_low_memory`` reads it) and, for a CPU that reports
-nothing, the memory the OS says is available (``MemAvailable``). ``plan_memory`` is the pure decision:
+device reports (``Device.memory_bytes``, as ``auto_low_memory`` reads it) and, for a CPU, the memory the OS says is
+available (``MemAvailable``), at most what it reports. ``plan_memory`` is the pure decision:
 
 - every part resident when ``base + FOOTPRINT x all weights`` fits (the normal case: nothing changes);
 - otherwise the parts that run once per image are released after use (``sdrt.pipelines.lowmem``), and
@@ -15,6 +15,12 @@ nothing, the memory the OS says is available (``MemAvailable``). ``plan_memory``
 while it compiles and runs (docs/memory.md); ``base`` is the process's resident memory when the plan is
 made (Python, numpy, the backend's libraries). The predicted peak is ``base`` plus the largest phase:
 the resident parts plus the running part (or its heaviest group).
+
+On a CPU that ``sdrt selftest --calibrate`` measured for a part's backend and precision, the part's need and what it
+keeps once loaded come from the calibrated cost model instead (``sdrt.cost.footprint``, at the job's heaviest call):
+a resident part then counts what it keeps beside the running one, and ``base`` is at least the calibrated runtime's.
+That calibration also replaces the fixed low-memory rule (``auto_low_memory``) for such a pipeline: the plan releases
+what does not fit.
 
 Beside an accelerator (a device whose ``kind`` is not ``cpu``), parts can be **placed on a CPU device** instead, as
 stable-diffusion.cpp's ``--clip-on-cpu --vae-on-cpu`` do (``place_parts``): asked with ``placement=`` (``{"text":
@@ -89,15 +95,32 @@ OS_SOURCE = f"{OS_SHARE:.0%} of what the OS has available"
 
 
 def available_memory(device: Any) -> int | None:
-    """What the device reports (``memory_bytes``); for a CPU that reports nothing, ``OS_SHARE`` of ``MemAvailable``
-    plus what this process holds already."""
+    """What the device reports (``memory_bytes``); for a CPU, ``OS_SHARE`` of ``MemAvailable`` plus what this process
+    holds already where the OS tells (a CPU device that reports the machine's memory, as ggml's does, shares it with
+    the OS and the other programs: until 2026-12-04 a ggml budget was the whole RAM), at most what it reports."""
     if device is None:
         return None
     reported = getattr(device, "memory_bytes", None)
-    if reported:
-        return int(reported)
     if getattr(device, "kind", "cpu") != "cpu":
-        return None
+        return int(reported) if reported else None
+    os_share = _os_available()
+    if os_share is None:
+        return int(reported) if reported else None
+    return min(os_share, int(reported)) if reported else os_share
+
+
+def memory_source(device: Any, budget: int | None) -> str:
+    """Where ``available_memory(device)``'s figure came from, in the plan's words."""
+    reported = getattr(device, "memory_bytes", None)
+    if not budget:
+        return "unknown"
+    if getattr(device, "kind", "cpu") == "cpu" and budget != reported:
+        return OS_SOURCE
+    return "reported by the device"
+
+
+def _os_available() -> int | None:
+    """``OS_SHARE`` of what the OS has available (``MemAvailable``) plus this process's resident memory; None: unknown."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -191,6 +214,10 @@ class MemoryPlan:
     host_budget_bytes: int | None = None
     host_budget_source: str = ""
     host_base_bytes: int = 0
+    #: parts whose need and what they keep came from the calibrated cost model (``sdrt.cost.footprint``): {part:
+    #: ``"openvino bf16"``}, and what each keeps once loaded
+    calibrated: dict[str, str] = field(default_factory=dict)
+    keeps: dict[str, int] = field(default_factory=dict)
 
     @property
     def peak_bytes(self) -> int:
@@ -221,9 +248,16 @@ class MemoryPlan:
 
         budget = "none" if self.budget_bytes is None else _size(self.budget_bytes)
         source = in_caller_words("{@memory=}") if self.budget_source == "memory=" else self.budget_source  # --memory
+        fixed = [p for p in self.footprints if p not in self.calibrated]
+        cal = sorted(set(self.calibrated.values()))
+        rest = [p.part for p in self.parts if p.part not in self.calibrated]
+        how = (f"{self.footprint:g} x weights + activations" + "".join(f", {self.footprints[p]:.2g} x {p}'s" for p in fixed)
+               + (f" for {', '.join(rest)}" if self.calibrated else "") if rest else "")
+        if cal:
+            how += ("; " if how else "") + "the cost model calibrated on this CPU for " + ", ".join(
+                f"{c} ({', '.join(p for p, s in self.calibrated.items() if s == c)})" for c in cal)
         lines = [f"memory: budget {budget} ({source}), predicted peak {_size(self.peak_bytes)} "
-                 f"(base {_size(self.base_bytes)} + {self.footprint:g} x weights + activations"
-                 + "".join(f", {f:.2g} x {p}'s" for p, f in self.footprints.items()) + ")"
+                 f"(base {_size(self.base_bytes)} + {how})"
                  + (f" on {self.device}" if self.device and self.host_peak_bytes else "")
                  + ("" if self.fits else "  DOES NOT FIT")]
         hosts = sorted({p.device for p in self.parts if p.device})
@@ -237,6 +271,8 @@ class MemoryPlan:
                 extra = f", {len(p.groups)} groups of <= {_size(max(p.groups))}"
             if p.activation_bytes:
                 extra += f", activations {_size(p.activation_bytes)}"
+            if p.part in self.keeps and p.placement == "resident":
+                extra += f", keeps {_size(self.keeps[p.part])} loaded"
             if p.device:
                 extra += f", on {p.device}"
             if p.role:
@@ -257,7 +293,8 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
                 footprint: float = FOOTPRINT, release_all: bool = False, budget_source: str = "",
                 split: Any = None, footprints: Mapping[str, float] | None = None,
                 activations: Mapping[str, int] | None = None, pinned: Iterable[str] = (),
-                beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
+                beside: Mapping[str, Iterable[str]] | None = None,
+                keeps: Mapping[str, float] | None = None) -> MemoryPlan:
     """Place each part under ``budget`` (see the module doc); pure but for ``split(cap) -> [group bytes]``,
     which cuts the denoiser for a weight cap (``None``: one group per cap's worth, estimated). ``footprints``:
     a part's own ratio of peak to weight bytes where it is not ``footprint`` (weights a backend runs from the
@@ -268,12 +305,16 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
     leave. ``beside``: ``{part: [parts loaded while it runs]}`` beyond the resident ones (a ControlNet runs beside
     the denoiser at every step and is released only after its last pass; the hires fix's model upscaler runs while
     the denoiser, the VAE decoder and the hires pass's ControlNets are still loaded): a released part's phase
-    counts them, so a phase they are released before (the VAE decode) does not."""
+    counts them, so a phase they are released before (the VAE decode) does not. ``keeps``: what a part holds once
+    loaded, between its runs, where that is less than what it needs while it compiles and runs (the calibrated cost
+    model's figures, ``sdrt.cost.footprint``): a resident part counts that beside the running one, and its own
+    phase adds the difference; default: its need (the fixed footprint has no other figure)."""
     names = list(weights)
     kept = [p for p in names if p in set(pinned)]
     fp = {p: (footprints or {}).get(p, footprint) for p in names}
     act = {p: int((activations or {}).get(p, 0)) for p in names}
     need = {p: fp[p] * weights[p] + act[p] for p in names}
+    keep = {p: min(float((keeps or {}).get(p, need[p])), need[p]) for p in names}
     held = {p: [q for q in dict.fromkeys((beside or {}).get(p, ())) if q in need and q != p] for p in names}
     avail = None if budget is None else budget - base
     placed: dict[str, str] = {}
@@ -284,15 +325,15 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
     def phases(resident: Iterable[str]) -> float:
         """Bytes at the largest phase with ``resident`` kept: they, plus the running part and what it runs beside."""
         res = set(resident)
-        return sum(need[p] for p in res) + max((need[p] + sum(need[q] for q in held[p] if q not in res)
-                                                for p in names if p not in res), default=0)
+        return sum(keep[p] for p in res) + max([need[p] - keep[p] for p in res] + [
+            need[p] + sum(need[q] for q in held[p] if q not in res) for p in names if p not in res], default=0)
 
-    if not release_all and (avail is None or sum(need.values()) <= avail):
+    if not release_all and (avail is None or phases(names) <= avail):
         placed = dict.fromkeys(names, "resident")
     else:
         den_need = need.get(denoiser, 0) if denoiser else 0
         # beside the parts that stay anyway and those that run with the denoiser (its ControlNets)
-        left = None if avail is None else (avail - sum(need[p] for p in kept)
+        left = None if avail is None else (avail - sum(keep[p] for p in kept)
                                            - sum(need[q] for q in held.get(denoiser or "", ()) if q not in kept))
         # streaming helps only when something is left beside the process itself
         stream = denoiser is not None and left is not None and 0 < left < den_need
@@ -312,24 +353,26 @@ def plan_memory(weights: Mapping[str, int], denoiser: str | None, budget: int | 
             cut = split(cap) if split is not None else [cap] * math.ceil(weights[denoiser] / cap)
             groups = [g[0] if isinstance(g, tuple) else g for g in cut]
             group_act = [g[1] if isinstance(g, tuple) else act[denoiser] for g in cut]
-    res_need = sum(need[p] for p in names if placed[p] == "resident")
+    res_need = sum(keep[p] for p in names if placed[p] == "resident")
 
     def running(p: str) -> float:
-        """What ``p`` holds while it runs when it is not resident (a streamed part: its heaviest group)."""
+        """What ``p`` holds while it runs beyond what it keeps when resident (a streamed part: its heaviest group)."""
         if placed[p] == "streamed":
             return max(fp[p] * g + a for g, a in zip(groups, group_act))
-        return 0 if placed[p] == "resident" else need[p]
+        return need[p] - keep[p] if placed[p] == "resident" else need[p]
 
     out = []
     for p in names:
-        run = running(p) + sum(running(q) for q in held[p])  # a resident one's phase: the parts it runs beside
+        # the parts it runs beside: a resident one is counted already
+        run = running(p) + sum(running(q) for q in held[p] if placed[q] != "resident")
         peak = int(base + res_need + run)
         fits = avail is None or res_need + run <= avail
         streamed = placed[p] == "streamed"
         out.append(Placement(p, placed[p], weights[p], peak, groups if streamed else [], fits, cap if streamed else 0,
                              activation_bytes=act[p], releasable=p not in kept))
     return MemoryPlan(budget, budget_source, base, footprint, out, footprints={p: f for p, f in fp.items()
-                                                                               if f != footprint})
+                                                                               if f != footprint},
+                      keeps={p: int(keep[p]) for p in names if p in (keeps or {})})
 
 
 # ---------------------------------------------------------------------------- placing parts on devices
@@ -417,7 +460,8 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
                 budget_source: str = "", host_budget_source: str = "", footprint: float = FOOTPRINT,
                 release_all: bool = False, split: Any = None,
                 footprints: Mapping[str, float] | None = None, activations: Mapping[str, int] | None = None,
-                pinned: Iterable[str] = (), beside: Mapping[str, Iterable[str]] | None = None) -> MemoryPlan:
+                pinned: Iterable[str] = (), beside: Mapping[str, Iterable[str]] | None = None,
+                keeps: Mapping[str, float] | None = None) -> MemoryPlan:
     """``plan_memory`` with parts placed per device (``place_parts``): the parts left on the pipeline's device are
     planned against ``budget``, those on the CPU device ``host`` (``"openvino:CPU"``; None: there is none, so nothing
     can go there) against ``host_budget`` with the process's own ``host_base``, as are parts asked onto a device
@@ -439,19 +483,22 @@ def plan_placed(weights: Mapping[str, int], roles: Mapping[str, str], denoiser: 
     main = plan_memory(local, denoiser if denoiser in local else None, budget, base=base, footprint=footprint,
                        release_all=release_all, budget_source=budget_source, split=split,
                        footprints={p: f for p, f in fps.items() if p in local},
-                       activations={p: a for p, a in acts.items() if p in local}, pinned=pinned, beside=beside)
+                       activations={p: a for p, a in acts.items() if p in local}, pinned=pinned, beside=beside,
+                       keeps={p: k for p, k in (keeps or {}).items() if p in local})
     main.device = device
     if not away:
         return main
     other = plan_memory(away, denoiser if denoiser in away else None, host_budget, base=host_base,
                         footprint=footprint, release_all=release_all, budget_source=host_budget_source, split=split,
                         footprints={p: f for p, f in fps.items() if p in away},
-                        activations={p: a for p, a in acts.items() if p in away}, pinned=pinned, beside=beside)
+                        activations={p: a for p, a in acts.items() if p in away}, pinned=pinned, beside=beside,
+                        keeps={p: k for p, k in (keeps or {}).items() if p in away})
     for pl in other.parts:
         pl.device = host if placed[pl.part] == "cpu" else placed[pl.part]  # type: ignore[assignment]
     by_name = {pl.part: pl for pl in main.parts + other.parts}
     main.parts = [by_name[p] for p in weights]
     main.footprints.update(other.footprints)
+    main.keeps.update(other.keeps)
     main.host_budget_bytes, main.host_budget_source, main.host_base_bytes = host_budget, host_budget_source, host_base
     return main
 
@@ -653,6 +700,38 @@ class MemoryMixin:
                     out[name], pinned[name] = peak, (part, name, dict(shapes), scale)
         return out, pinned
 
+    def _calibrated(self, pinned: Mapping[str, Any], be: Any, dev: Any, held: Mapping[str, tuple[int, int, int]],
+                    asked: Mapping[str, str]) -> dict[str, Any]:
+        """``{part: sdrt.cost.footprint.PartFootprint}`` for the model's own parts on a CPU that ``sdrt selftest
+        --calibrate`` measured for the part's backend and precision, at the part's heaviest call (``pinned``, from
+        ``_activations``). Not for parts whose weights the backend runs as their file stores them (a GGUF file's
+        blocks, a float16 checkpoint's pages: ``held``), quantized ones, or parts asked onto another device: the
+        calibration did not measure those, and their fixed footprint stands."""
+        from ..cost.footprint import part_footprint
+        from ..cost.model import is_calibrated, load_calibration
+
+        if getattr(dev, "kind", "cpu") != "cpu" or not is_calibrated(be.name, "cpu"):
+            return {}
+        cal = load_calibration()
+        roles = self.family.parts  # type: ignore[attr-defined]
+        out = {}
+        for name, (owner, gname, shapes, _) in pinned.items():
+            part = self._parts.get(name)
+            h, stored, narrow = held.get(name, (0, 0, 0))
+            if (part is None or not h or stored or narrow or part.options.get("quantize")
+                    or ":" in asked_place(name, roles.get(name, ""), asked)):
+                continue
+            precision = part.options.get("precision") or be.precision_for(dev)
+            try:
+                graph = self._run_graph(gname, owner).with_shapes(dict(shapes))
+            except Exception as exc:  # noqa: BLE001 - an estimate: the fixed footprint then
+                log.debug("memory: %s not costed: %s", name, exc)
+                continue
+            found = part_footprint(graph, dict(shapes), be.name, precision, cal)
+            if found is not None:
+                out[name] = found
+        return out
+
     @staticmethod
     def _run_graph(name: str, part: Part) -> Any:
         """The graph a part runs: the file's, with the part's edit where the part has not loaded it yet (a dry
@@ -703,11 +782,18 @@ class MemoryMixin:
             budget, source = self.memory, "memory="
         else:
             budget = available_memory(dev)
-            source = ("reported by the device" if getattr(dev, "memory_bytes", None)
-                      else OS_SOURCE if budget else "unknown")
+            source = memory_source(dev, budget)
 
         # the activations from the dry run's twins where given: their graphs as the run edits them
         activations, pinned = self._activations(calls, be, dev, {**parts, **(twins or {})}) if calls else ({}, {})
+        # on a CPU calibrated for the part's backend and precision: the cost model's need and what the part keeps
+        calibrated = {} if accelerator or be is None else self._calibrated(pinned, be, dev, held, asked)
+        keeps: dict[str, float] = {}
+        for name, cf in calibrated.items():
+            footprints[name] = max(cf.peak_bytes, 1.0) / weights[name]
+            activations[name] = 0  # the cost model's peak counts them
+            keeps[name] = cf.resident_bytes
+            base = max(base, int(cf.base_bytes))  # the runtime's base as calibrated: its libraries loaded
 
         def split_at(cap: int) -> list[Any]:
             from .streaming import activation_peaks, split
@@ -731,9 +817,10 @@ class MemoryMixin:
                            accelerator=accelerator, device=f"{dev.backend}:{dev.id}" if dev is not None else "",
                            host=f"{host_dev.backend}:{host_dev.id}" if host_dev is not None else None,
                            host_budget=host_budget, host_base=current_rss(), asked=asked,
-                           budget_source=source, host_budget_source=OS_SOURCE if host_budget else "unknown",
+                           budget_source=source, host_budget_source=memory_source(host_dev, host_budget),
                            release_all=bool(self.low_memory) or False, split=split_at, footprints=footprints,
-                           activations=activations, beside=beside)
+                           activations=activations, beside=beside, keeps=keeps)
+        plan.calibrated = {name: cf.source for name, cf in calibrated.items()}
         for pl in plan.parts:
             pl.role = extras[pl.part][0] if pl.part in extras else ""
         self._hosts = {} if host is None else {f"{host[1].backend}:{host[1].id}": host}
@@ -759,6 +846,11 @@ class MemoryMixin:
             plan = self.memory_plan()
         if check is not None:
             check(plan)
+        gone = [p.part for p in plan.parts if p.placement == "released"]
+        if gone and not self.low_memory and plan is not getattr(self, "_told_plan", None):  # why, once per plan
+            log.info("memory: %s released after use; %s", ", ".join(gone), plan.format().splitlines()[0].removeprefix(
+                "memory: "))
+        self._told_plan = plan
         for p in plan.parts:
             control = getattr(self, "control_parts", {}).get(p.part)  # a ControlNet released after its last pass
             if control is not None:

@@ -1499,7 +1499,11 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             from .budget import extra_bytes
             from .lowmem import auto_low_memory, model_bytes
 
-            _, dev = select(self.backend, self.device)
+            be, dev = select(self.backend, self.device)
+            if self._plan_calibrated(be, dev):  # the memory plan places the parts on the cost model's figures
+                self.__dict__["_low_memory"] = False
+                self._auto_memory = (job, self.low_memory)
+                return False
             if self.folder.single_file is not None:  # the graphs hold no weights: the files do
                 files = {Path(f) for f in self.folder.single_file.files.values()}
                 files |= set(getattr(self.folder.single_file, "all_files", ()))  # a diffusers folder's shards
@@ -1512,6 +1516,18 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             for part in self._parts.values():
                 part.lazy_external = True  # external data stays mapped from disk, never read in
         return bool(self.low_memory)
+
+    def _plan_calibrated(self, be: Any, dev: Any) -> bool:
+        """Whether this CPU was calibrated for the denoiser's backend and precision (``sdrt selftest --calibrate``):
+        low-memory mode is then not chosen by the fixed rule (``auto_low_memory``: twice the files' size over half
+        the device's memory) but left to the memory plan, which releases what the calibrated figures say does not
+        fit (``MemoryMixin._calibrated``)."""
+        from ..cost.footprint import calibrated_here
+
+        part = self._parts.get(self.family.denoiser_part)
+        if part is None or getattr(dev, "kind", "") != "cpu" or part.options.get("quantize"):
+            return False
+        return calibrated_here(be.name, part.options.get("precision") or be.precision_for(dev))
 
     def _release(self, *names: str, stage: bool = False) -> None:
         drop = self._releases(names, stage)  # the memory plan's released parts; a stage's measured peak
