@@ -172,6 +172,37 @@ def test_half_precision_time_fit_holds_the_float32_kernels_terms():
     assert held_terms(None, 2e12, 1e12) == {}
 
 
+def test_attention_is_fitted_at_bf16_where_ggml_runs_it_on_amx_tiles():
+    """sdrt-ggml's attention at bf16 runs on AMX tiles where the CPU has them (its float32 kernel elsewhere): there its
+    bf16 fit leaves the attention terms free, fitted from the bf16 cases, and holds the other float32 kernels' terms;
+    without AMX, or on OpenVINO (whose activations are bf16: nothing held), the exception does not apply. Cases timed
+    from known coefficients, attention 3x faster than float32's held term: the fit gets it back."""
+    from sdrt.cost.calibrate import half_attention, half_held
+
+    cpu = replace(devices.this_cpu(), peak_flops={"fp32": 1e12, "bf16": 1e12})  # equal peaks: FLOPs terms unscaled
+    amx, avx512 = replace(cpu, isa=("avx512f", "avx512_bf16", "amx_bf16")), replace(cpu, isa=("avx512f", "avx512_bf16"))
+    assert half_attention("ggml", "bf16", amx) and not half_attention("ggml", "bf16", avx512)
+    assert not half_attention("ggml", "fp32", amx) and not half_attention("openvino", "bf16", amx)
+    assert not half_attention("ggml", "bf16", replace(amx, kind="gpu"))
+    rng = np.random.default_rng(7)
+    true = {"flops_matmul": 0.7, "flops_attention": 2.0, "attn_act_ms": 0.4, "flops_norm": 5.0, "call": 0.01}
+    rows = []
+    for i in range(16):
+        feats = {k: float(rng.uniform(0, 3)) for k in true} | {"call": 1.0}
+        rows.append({"case": f"c{i}", "features": feats, "robust_ms": sum(true[k] * feats[k] for k in true)})
+    ref = Factors({}, {}, fit={"coefficients": {"flops_attention": 6.0, "attn_act_ms": 1.2, "flops_norm": 5.0,
+                                                "call": 0.01, "flops_matmul": 2.1}})
+    held = half_held("ggml", "bf16", amx, ref)
+    assert "flops_attention" not in held and "attn_act_ms" not in held and "attn_rows" not in held
+    assert held["flops_norm"] == 5.0 and "flops_matmul" not in held
+    got = _fit_times(rows, held)
+    for k, v in true.items():
+        assert got[k] == pytest.approx(v, rel=1e-6), k
+    without = half_held("ggml", "bf16", avx512, ref)  # no AMX: the float32 kernel's terms
+    assert without["flops_attention"] == 6.0 and without["attn_act_ms"] == 1.2
+    assert half_held("openvino", "bf16", amx, ref) == {} and half_held("ggml", "fp32", amx, ref) == {}
+
+
 def _conv_tail() -> Graph:
     """x (1, 8, 16, 16) -> 3x3 Conv -> Sigmoid -> Add (a per-channel weight) -> y: the Sigmoid and the Add are the
     graph's tail (no conv, matmul or resize after them); 2048 elements a value."""

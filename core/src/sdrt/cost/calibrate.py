@@ -844,8 +844,8 @@ def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, pr
     ``FLOAT32_ACTIVATION_BACKENDS`` backend holds ``reference``'s ``SHARED_TERMS`` (``held_terms``, scaled by the
     device's peaks), and a ``FLOAT32_TAIL_BACKENDS`` one counts the graph's float32 tail."""
     act32 = float32_activations(backend, precision)
-    held = held_terms(reference, device.peak(precision), device.peak("fp32")) if act32 else {}
-    f = fit(rows, bandwidth, backend, float32_activations=act32, held=held, tail32=float32_tail(backend, precision))
+    f = fit(rows, bandwidth, backend, float32_activations=act32, held=half_held(backend, precision, device, reference),
+            tail32=float32_tail(backend, precision))
     gpu = device.kind != "cpu"
     return dataclasses.replace(f, host_transfers=gpu, im2col_memory_factor=1.0 if gpu and backend in IM2COL_GPU_BACKENDS
                                else 0.0)
@@ -891,6 +891,34 @@ SHARED_TERMS = ("flops_dwconv", "flops_attention", "flops_softmax", "flops_norm"
                 "flops_elementwise", "flops_data", "act_ms", "attn_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "fused_ms",
                 "fused_flops_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call",
                 *(f"nodes_{c}" for c in NODE_CLASSES))
+
+
+#: (backend, precision) -> the CPU feature with which that backend runs its attention at that precision in a kernel of
+#: its own, not the float32 one: sdrt-ggml's attention without a mask on AMX tiles at bf16 (``sdrt_ggml.native``,
+#: since 2026-12-02; the calibration's attention cases ran 2.6-3.5x faster than at fp32 on Sapphire Rapids, where
+#: holding the float32 terms predicted the full-size SDXL UNet at 1.34-1.51x its time). Its half-precision fit leaves
+#: ``ATTENTION_TERMS`` free there
+HALF_ATTENTION = {("ggml", "bf16"): "amx_bf16"}
+ATTENTION_TERMS = ("flops_attention", "attn_act_ms", "attn_rows")
+
+
+def half_held(backend: str, precision: str, device: DeviceSpec, reference: Factors | None) -> dict[str, float]:
+    """The time coefficients ``backend``'s fit at ``precision`` on ``device`` holds at the float32 calibration's
+    (``reference``): ``held_terms`` on a ``FLOAT32_ACTIVATION_BACKENDS`` backend at a half precision, less the attention
+    terms where its attention is a half-precision kernel of its own (``half_attention``); {} otherwise."""
+    if not float32_activations(backend, precision):
+        return {}
+    held = held_terms(reference, device.peak(precision), device.peak("fp32"))
+    if half_attention(backend, precision, device):
+        held = {k: v for k, v in held.items() if k not in ATTENTION_TERMS}
+    return held
+
+
+def half_attention(backend: str, precision: str, device: DeviceSpec) -> bool:
+    """Whether ``backend`` runs attention at ``precision`` in its own half-precision kernel on ``device``
+    (``HALF_ATTENTION``)."""
+    flag = HALF_ATTENTION.get((backend, precision))
+    return flag is not None and device.kind == "cpu" and flag in (device.isa or ())
 
 
 def held_terms(reference: Factors | None, peak: float, reference_peak: float) -> dict[str, float]:
