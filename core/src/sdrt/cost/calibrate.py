@@ -114,6 +114,9 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "attn_1024x40": ("attention", (8, 1024, 40, 2)),
     "attn_1024x8": ("attention", (8, 1024, 8, 2)),   # narrow heads: the softmax dominates
     "attn_4096x64": ("attention", (1, 4096, 64, 1)),
+    "attn_2048x512": ("attention", (1, 2048, 512, 1)),  # a VAE's mid-block attention: one head of 512 channels, 8x
+    # a UNet head's FLOPs per score (without it the fits charged scores, not FLOPs: the SDXL VAE's at 768 px, 9216
+    # tokens, predicted 19 ms on OpenVINO's bf16 against 222 ms measured alone)
     "attn_sdpa": ("sdpa", (2, 4, 1024, 8, 2)),       # as torch exports it (heads by Reshape/Transpose, scale on Q and K)
     "attn_cross": ("sdpa", (2, 4, 1024, 8, 4, 77)),  # cross-attention: 1024 queries over 77 text tokens (every SD
     # UNet's attn2): short rows, where a fused attention's work per query row, not per score, is the time
