@@ -144,3 +144,20 @@ def _selected(pipe):
     from sdrt.runtime import select
 
     return select(pipe.backend, pipe.device)
+
+
+def test_sdrt_plan_takes_the_pipelines_budget_on_this_cpu():
+    """``sdrt plan`` on this machine's CPU plans against what a pipeline here would (what the OS has available, at most
+    the RAM); a library CPU keeps the library rule (70% of shared memory)."""
+    from dataclasses import replace
+
+    from sdrt.cost.planner import budget_for
+    from sdrt.pipelines.budget import cpu_budget
+
+    cpu = this_cpu()
+    here = budget_for(cpu, None)
+    assert 0 < here <= cpu.memory_bytes
+    assert abs(here - cpu_budget(int(cpu.memory_bytes))) < 512 * 2**20  # read twice: what the OS has moves a little
+    library = replace(cpu, source="a library entry", shared_memory=True)
+    assert budget_for(library, None) == pytest.approx(0.7 * cpu.memory_bytes)
+    assert budget_for(cpu, 2**30) == 2**30  # asked: as asked

@@ -326,8 +326,14 @@ def cost_parts(parts: Sequence[PartCalls], precision: str, pinned: dict[Any, Any
 # ---------------------------------------------------------------------------- choosing
 def budget_for(device: DeviceSpec, memory: float | None) -> float:
     """The memory a plan may use: ``memory`` if given (more than the device has is refused), else 90% of a discrete
-    device's memory or 70% of shared memory (the OS and apps keep the rest)."""
+    device's memory or 70% of shared memory (the OS and apps keep the rest); for this machine's own CPU, what a
+    pipeline here would take as its budget (``sdrt.pipelines.budget.cpu_budget``: 90% of what the OS has
+    available), so that ``sdrt plan`` and ``sdrt generate`` agree on what fits now."""
     usable = device.memory_bytes * (0.7 if device.shared_memory else 0.9)
+    if not memory and device.kind == "cpu" and device.source.startswith("sdrt.hardware.detect"):
+        from ..pipelines.budget import cpu_budget
+
+        usable = float(cpu_budget(int(device.memory_bytes)) or usable)
     if memory and memory > device.memory_bytes:  # a plan cannot use memory the device does not have
         gib = device.memory_bytes / 2**30
         raise SdrtError(f"the memory budget {memory / 2**30:.1f} GiB is more than {device.name} has "

@@ -103,6 +103,13 @@ def available_memory(device: Any) -> int | None:
     reported = getattr(device, "memory_bytes", None)
     if getattr(device, "kind", "cpu") != "cpu":
         return int(reported) if reported else None
+    return cpu_budget(reported)
+
+
+def cpu_budget(reported: int | None) -> int | None:
+    """A CPU's default budget: ``OS_SHARE`` of what the OS has available plus this process's memory, at most
+    ``reported`` (the machine's memory as the device or the device library gives it); ``reported`` where the OS does
+    not tell."""
     os_share = _os_available()
     if os_share is None:
         return int(reported) if reported else None
