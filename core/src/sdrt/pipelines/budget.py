@@ -717,9 +717,11 @@ class MemoryMixin:
         from ..cost.footprint import part_footprint
         from ..cost.model import is_calibrated, load_calibration
 
-        if getattr(dev, "kind", "cpu") != "cpu" or not is_calibrated(be.name, "cpu"):
+        if getattr(dev, "kind", "cpu") != "cpu":
             return {}
-        cal = load_calibration()
+        cal = load_calibration()  # read once for every part
+        if not is_calibrated(be.name, "cpu", cal):
+            return {}
         roles = self.family.parts  # type: ignore[attr-defined]
         out = {}
         for name, (owner, gname, shapes, _) in pinned.items():
