@@ -236,3 +236,43 @@ def test_a_calibration_without_narrow_matmuls_times_them_as_matmuls():
                   [numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")])
     rows = [{"features": features(graph_costs(wide), cpu.peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}]
     assert "matmul_narrow" not in fit(rows, 1e10, "openvino").efficiency
+
+
+def _conv(channels: int, size: int, ks: int = 3):
+    return _graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[ks // 2] * 4)],
+                  [helper.make_tensor_value_info("x", F, [1, channels, size, size])],
+                  [helper.make_tensor_value_info("y", F, None)],
+                  [numpy_helper.from_array(np.zeros((channels, channels, ks, ks), np.float32), "w")])
+
+
+def test_a_conv_past_the_cache_is_timed_as_large():
+    """A dense conv whose input and output pass ``LARGE_CONV_BYTES`` is ``conv_large`` (its kernels still stream as a
+    conv's); a 1x1 conv, one of 16 channels or fewer, or a small map stays in its class. A calibration without large
+    convs times them at the convs' efficiency; one fitted with them, at their own."""
+    from sdrt.cost.nodes import LARGE_CONV_BYTES
+
+    def kinds(channels, size, ks=3, precision="fp32"):
+        return [n.time_class for n in graph_costs(_conv(channels, size, ks), precision=precision).nodes]
+
+    assert kinds(512, 64) == ["conv_large"]  # 2 x 8 MiB float32
+    assert 2 * 512 * 32 * 32 * 4 <= LARGE_CONV_BYTES and kinds(512, 32) == ["conv"]
+    assert kinds(512, 64, precision="bf16") == ["conv_large"]  # 2 x 4 MiB
+    assert kinds(256, 64, precision="bf16") == ["conv"]  # 2 x 2 MiB: in the cores' L2
+    assert kinds(512, 64, ks=1) == ["conv1x1"]
+    assert kinds(16, 256) == ["conv"]  # 2 x 4 MiB, but 16 channels: traffic, not arithmetic
+    big = graph_costs(_conv(512, 64))
+    cpu = devices.find("cpu")
+    feats = features(big, cpu.peak("fp32"), 1e10)
+    assert feats["flops_conv_large"] > 0 and feats["flops_conv"] == 0 and feats["conv_weight_ms"] > 0
+    old = Factors({"conv": 0.8}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0)
+    large = Factors({"conv": 0.8, "conv_large": 0.4}, {}, additive=True, bandwidth_bytes_per_s=1e10,
+                    weight_bandwidth_efficiency=1.0)
+    flops_ms = 1000 * big.nodes[0].flops / cpu.peak("fp32")
+    t_old, t_large = (predict(big, cpu, "openvino", "fp32", f).by_class_ms["conv"] for f in (old, large))
+    assert t_large - t_old == pytest.approx(flops_ms * (1 / 0.4 - 1 / 0.8), rel=1e-6)
+    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+    assert "conv_large" in fit([{"features": feats, "robust_ms": 1.0, "case": "one", **mem}], 1e10,
+                               "openvino").efficiency
+    small = features(graph_costs(_conv(512, 32)), cpu.peak("fp32"), 1e10)
+    assert "conv_large" not in fit([{"features": small, "robust_ms": 1.0, "case": "one", **mem}], 1e10,
+                                   "openvino").efficiency

@@ -36,7 +36,16 @@ from typing import Any
 import numpy as np
 
 from .devices import DeviceSpec, this_cpu
-from .model import TIME_CLASSES, Factors, activation_scale, conv_weight_bytes, inflight_bytes, memory_nodes
+from .model import (
+    DENSE_CONVS,
+    OPTIONAL_CLASSES,
+    TIME_CLASSES,
+    Factors,
+    activation_scale,
+    conv_weight_bytes,
+    inflight_bytes,
+    memory_nodes,
+)
 from .nodes import graph_costs
 
 log = logging.getLogger("sdrt.cost")
@@ -96,6 +105,9 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "conv3_1280x4": ("conv", (1280, 4, 3, 1, 2, 2)),  # the deepest at a small image, 2 CFG rows: kernel-bound
     "conv3_128x64": ("conv", (128, 64, 3, 1, 3)),    # VAE decoder mid channels
     "conv3_32x128": ("conv", (32, 128, 3, 1, 3)),    # few channels on a large map
+    "conv3_512x64": ("conv", (512, 64, 3, 1, 3)),    # a VAE decoder's mid-block: 58 GFLOPs, the arithmetic's time
+    # alone (the cases above are as much traffic as arithmetic; fitted from them, OpenVINO's bf16 convs came out at 0.90
+    # of the AMX peak where its profiler shows 0.38-0.55 in the SDXL VAE decoder, predicted at 0.57-0.61 of its time)
     "conv1_256x56": ("conv", (256, 56, 1, 1, 4)),    # 1x1 convs (MobileNet expand / project, UNet proj_in)
     "conv1_640x32": ("conv", (640, 32, 1, 1, 3)),    # 1x1 convs at UNet widths
     "dw3_144x56": ("conv", (144, 56, 3, 144, 4)),    # depthwise 3x3
@@ -715,8 +727,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
             out["attn_rows"] += getattr(n, "rows", 0)
         out[f"flops_{n.time_class if n.time_class in TIME_CLASSES else n.op_class}"] += 1000 * getattr(
             n, "timed_flops", n.flops) / peak
-        out["conv_weight_ms" if n.time_class == "conv" else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
-        if n.time_class == "conv":
+        out["conv_weight_ms" if n.time_class in DENSE_CONVS else "weight_ms"] += 1000 * n.weight_bytes / bandwidth
+        if n.time_class in DENSE_CONVS:
             out["conv_weight_batch_ms"] += 1000 * (n.batch - 1) * n.weight_bytes / bandwidth
         key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
                if n.op_class == "attention" else "act_ms")
@@ -1135,8 +1147,9 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
     ``held``: time coefficients taken as they are (``held_terms``); ``tail32``: the rows' activations hold the
     graph's tail float32 (``Factors.float32_tail``)."""
     c = _fit_times(rows, held)
-    # a narrow matmul no case measured (rows without the class) takes the matmuls' efficiency (``predict``'s fallback)
-    eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES if k != "matmul_narrow" or f"flops_{k}" in c}
+    # a narrow matmul or large conv no case measured (rows without the class) takes its op class's efficiency
+    # (``predict``'s fallback)
+    eff = {k: _inv(c.get(f"flops_{k}")) for k in TIME_CLASSES if k not in OPTIONAL_CLASSES or f"flops_{k}" in c}
     over = {k: c.get("nodes", 0.0) / 1000.0 for k in TIME_CLASSES}  # ms -> s per node
     if any(r.get("features", {}).get(f"nodes_{k}") for r in rows for k in NODE_CLASSES):  # per op class (a GPU's
         # launches; ``features``' transfers): a time class (conv1x1, groupnorm) falls back to its op class's

@@ -38,9 +38,13 @@ log = logging.getLogger("sdrt.cost")
 HALF_COPY_CHUNK_BYTES = 256 * 2**20
 
 #: the timing classes, each with a FLOPs efficiency of its own (``sdrt.cost.nodes``: a time class that a calibration
-#: lacks, ``matmul_narrow`` in one stored before it, takes its op class's)
-TIME_CLASSES = ("matmul", "matmul_narrow", "conv", "conv1x1", "dwconv", "attention", "softmax", "norm", "groupnorm",
-                "elementwise", "data")
+#: lacks, ``matmul_narrow`` or ``conv_large`` in one stored before it, takes its op class's)
+TIME_CLASSES = ("matmul", "matmul_narrow", "conv", "conv_large", "conv1x1", "dwconv", "attention", "softmax", "norm",
+                "groupnorm", "elementwise", "data")
+#: time classes that a calibration may lack (its cases had none of them): their nodes take their op class's efficiency
+OPTIONAL_CLASSES = ("matmul_narrow", "conv_large")
+#: the timing classes of dense convs wider than 1x1: kernels read per image, kept transformed or repacked
+DENSE_CONVS = ("conv", "conv_large")
 
 
 @dataclass
@@ -341,7 +345,7 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
         act_eff = (f.data_bandwidth_efficiency if op_class == "data" else f.conv_bandwidth_efficiency
                    if op_class == "conv" and f.conv_bandwidth_efficiency else f.attention_bandwidth_efficiency
                    if op_class == "attention" and f.attention_bandwidth_efficiency else f.bandwidth_efficiency)
-        kernel = tc == "conv" and bool(f.conv_weight_bandwidth_efficiency)
+        kernel = tc in DENSE_CONVS and bool(f.conv_weight_bandwidth_efficiency)
         w_eff = f.conv_weight_bandwidth_efficiency if kernel else f.weight_bandwidth_efficiency
         t += (nbytes - weight_bytes) / (bw * max(act_eff, 1e-3)) + weight_bytes / (bw * max(w_eff, 1e-3))
         if kernel and batch > 1 and f.conv_weight_batch_bandwidth_efficiency:
@@ -387,7 +391,7 @@ def conv_weight_bytes(cost: GraphCost) -> float:
     """The bytes of dense conv kernels wider than 1x1 among a part's weights (as their nodes read them): the
     kernels a backend may keep transformed (Winograd) or repacked beside the originals."""
     return min(cost.weight_bytes, sum(n.weight_bytes for n in cost.nodes if n.op_class == "conv"
-                                      and n.time_class == "conv"))
+                                      and n.time_class in DENSE_CONVS))
 
 
 def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None,

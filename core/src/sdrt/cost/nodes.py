@@ -16,7 +16,8 @@ intermediate, and walks the nodes. Counting rules, per node:
   elementwise node, as that value's only reader, is an epilogue that compilers fuse (bias, activation,
   residual add): ``fused`` is set and the model charges it no memory traffic.
 - **Timing class** (``NodeCost.time_class``): the op class, but ``dwconv`` for a grouped conv,
-  ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``matmul_narrow`` for a weight matmul over fewer than
+  ``conv1x1`` for a 1x1 conv (its kernel's shape says so), ``conv_large`` for a dense conv whose activations pass
+  ``LARGE_CONV_BYTES`` (out of the cores' L2), ``matmul_narrow`` for a weight matmul over fewer than
   ``NARROW_ROWS`` rows, ``softmax`` for Softmax, ``groupnorm`` for Instance/GroupNormalization (a reduction over a whole
   map per group, unlike LayerNorm's rows), which run at their own efficiency, and ``int`` for integer work
   on integer values (token ids: positions, masks), which a runtime may run on the host at a cost per node.
@@ -66,6 +67,16 @@ _NORM = {"GroupNormalization", "InstanceNormalization", "LayerNormalization", "B
          "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceL2", "ReduceSumSquare",
          "ReduceLogSumExp", "MeanVarianceNormalization"}
 _NORM_FLOPS = 8
+#: a dense conv wider than 1x1 whose activations (input and output, at the compute dtype) take more than this runs at
+#: an efficiency of its own (``conv_large``): past the cores' L2 its arithmetic slows. OpenVINO's bf16 convs on
+#: Sapphire Rapids (2 MiB of L2 a core): 2.8-3.0 TFLOP/s on the calibration's maps of 0.6-2 MiB, 2.0-2.6 on a VAE
+#: decoder's of 4-64 MiB; fitted with one efficiency from the small ones, the SDXL VAE decoder came out at 0.57-0.61
+#: of its time
+LARGE_CONV_BYTES = 4 * 2**20
+#: ... over more input channels than this: a narrower conv (a pixel's channels within one 64-byte line) is traffic
+#: more than arithmetic at any size, and stays ``conv`` (fitted with it, the 16-channel calibration case at float32,
+#: 8 MiB of maps, put OpenVINO's large float32 convs at half their speed)
+NARROW_CONV_CHANNELS = 16
 #: an elementwise node fuses into the node that writes its input when it is that value's only reader
 _FUSES_INTO = {"conv", "matmul", "norm", "attention", "elementwise"}
 _ACT_HEAVY = {"Erf": 8, "Exp": 4, "Log": 4, "Tanh": 8, "Sigmoid": 4, "Gelu": 10, "Softplus": 6, "Mish": 10,
@@ -345,6 +356,9 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
         if cls != "view" and not kind and all(_integer(dtype(v)) for v in [o for o in n.output if o]
                                               + [i for i in ins if i not in origin]):
             kind = "int"  # integer work on integer values (token ids): a runtime may run it on the host
+        elif (cls == "conv" and not kind and a_read + written > LARGE_CONV_BYTES and len(ins) > 1
+              and (shape(ins[1]) or (0, 0))[1] > NARROW_CONV_CHANNELS):
+            kind = "conv_large"
         in0 = shape(ins[0]) if ins else None
         batch = int(in0[0]) if cls == "conv" and in0 and len(in0) > 2 else 1
         kernel = None
