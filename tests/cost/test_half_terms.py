@@ -282,3 +282,49 @@ def test_values_crossing_the_float32_tail_are_converted_by_a_node_each():
     assert "convert" not in predict(fp32, cpu, "openvino", "fp32", tail).by_class_ms
     plain, crossed = (features(bf16, 1e12, 1e10, tail32=t) for t in (False, True))
     assert crossed["nodes"] == plain["nodes"] + 3
+
+
+def test_float32_activations_into_half_matmuls_are_a_term_of_their_own():
+    """On a backend that keeps activations float32 at a half precision (sdrt-ggml at bf16), each weight matmul's input
+    is converted per call: ``matmul_convert_ms`` counts its float32 bytes; fitted from cases of several widths, it is
+    told apart from the FLOPs (a 640-wide and a 2560-wide matmul: FLOPs per input element 4x apart) and predicted
+    per input byte. At float32, or on a backend whose activations are the half type, there is none."""
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    from sdrt.cost import devices
+    from sdrt.cost.calibrate import features, fit
+    from sdrt.cost.model import Factors, predict
+    from sdrt.cost.nodes import graph_costs
+    from sdrt.graph import Graph
+
+    def mm(tokens, k, n):
+        g = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "t",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, tokens, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+                              [numpy_helper.from_array(np.zeros((k, n), np.float32), "w")])
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return graph_costs(Graph.load(m.SerializeToString()), precision="bf16")
+
+    cpu = devices.find("cpu")
+    peak, bw = cpu.peak("bf16"), 1e10
+    assert features(mm(1024, 640, 640), peak, bw)["matmul_convert_ms"] == 0.0  # activations bf16: nothing converted
+    rows = []
+    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+    for i, (t, k, n) in enumerate([(1024, 640, 640), (4096, 320, 320), (1024, 640, 2560), (1024, 2560, 640),
+                                   (512, 1280, 1280)]):
+        feats = features(mm(t, k, n), peak, bw, act_scale=2.0)
+        assert feats["matmul_convert_ms"] == pytest.approx(1000 * t * k * 4 / bw)
+        ms = feats["flops_matmul"] / 0.25 + feats["matmul_convert_ms"] / 0.5 + 0.01
+        rows.append({"case": f"c{i}", "features": feats, "robust_ms": ms, **mem})
+    got = fit(rows, bw, "ggml", float32_activations=True)
+    assert got.efficiency["matmul"] == pytest.approx(0.25, rel=1e-4)
+    assert got.matmul_convert_bandwidth_efficiency == pytest.approx(0.5, rel=1e-4)
+    wide = mm(2048, 1280, 5120)
+    f = Factors({"matmul": 0.25}, {}, additive=True, bandwidth_bytes_per_s=bw, float32_activations=True,
+                matmul_convert_bandwidth_efficiency=0.5, weight_bandwidth_efficiency=100.0, bandwidth_efficiency=100.0)
+    by = predict(wide, cpu, "ggml", "bf16", f).by_class_ms
+    assert by["matmul_convert"] == pytest.approx(1000 * 2048 * 1280 * 4 / (bw * 0.5))
+    assert "matmul_convert" not in predict(wide, cpu, "ggml", "bf16", Factors({"matmul": 0.25}, {}, additive=True,
+                                                                           bandwidth_bytes_per_s=bw)).by_class_ms

@@ -116,6 +116,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_4096x320": ("matmul", (4096, 320, 320, 4)),  # at 4096 tokens
     "mm_77x768": ("mlp", (77, 768, 3072, 4)),        # CLIP's MLPs: 77 rows over 75 MB of weights
     "mm_8x4096": ("matmul", (8, 4096, 4096, 2)),     # 8 rows over 134 MB: streaming the weights
+    "mm_1024x2560": ("mlp", (1024, 640, 2560, 2)),   # a UNet's feed-forward (640 -> 2560 -> 640 at 1024 tokens): FLOPs
+    # per input element 4x the 640-wide cases' (a runtime converting float32 activations per matmul: ``matmul_convert_ms``)
     "mm_dyn": ("mlp", (77, 768, 3072, 4)),           # mm_77x768 with its tokens dynamic (memory: when weights repack)
     "mm_act_dyn": ("mlp_act", (77, 768, 3072, 4)),   # CLIP-like MLPs (a ReLU between), batch and tokens dynamic
     "conv3_dyn": ("conv", (640, 16, 3, 1, 3)),       # conv3_640x16 with batch and map dynamic (as torch exports)
@@ -675,7 +677,7 @@ TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "rela
 #: ``transfers``): a GPU runtime launches kernels per node, as many as the op class takes (ggml on CUDA: a conv is an
 #: im2col, a matmul and a bias add; a transpose a copy), where a CPU runtime's fixed cost per node is one figure
 NODE_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
-TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES) + ("im2col_ms",)
+TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES) + ("im2col_ms", "matmul_convert_ms")
 #: backends that convolve through im2col on a GPU (ggml: ``ggml_conv_2d``), whose buffer the GPU holds beside the
 #: activations (``Factors.im2col_memory_factor``)
 IM2COL_GPU_BACKENDS = frozenset({"ggml"})
@@ -733,6 +735,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
         key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
                if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
+        if act_scale != 1.0 and n.op_class == "matmul" and n.weight_bytes:  # float32 activations into a half matmul
+            out["matmul_convert_ms"] += 1000 * act_scale * (n.bytes_read - n.weight_bytes) / bandwidth
     if tail32 and getattr(cost, "precision", "fp32") != "fp32" and getattr(cost, "tail_conversions", 0):
         out["nodes"] += cost.tail_conversions
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
@@ -1182,6 +1186,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    conv_weight_batch_bandwidth_efficiency=_inv(c.get("conv_weight_batch_ms")),
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
+                   matmul_convert_bandwidth_efficiency=_inv(c.get("matmul_convert_ms")),
                    call_s=c.get("call", 0.0) / 1000.0, attention_row_s=c.get("attn_rows", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
                    sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32, pin_bytes=pin,

@@ -197,6 +197,12 @@ class Factors:
     #: folding, their modules and heap; a pipeline pins every part, ``Part.session``): the one-node case's peak pinned
     #: less unpinned, in bytes. Counted once per process, by ``predict(pinned=True)`` and the planner
     pin_bytes: float = 0.0
+    #: calibrated, on a backend that keeps activations float32 at a half precision (``float32_activations``): the
+    #: efficiency of converting each weight matmul's float32 input to the half type before its half kernel
+    #: (``GraphCost`` nodes' activation bytes read, as float32). sdrt-ggml's bf16 matmuls do so per call: the
+    #: conversion is per input element, not per FLOP, so a fit without it charged the 320-640-wide calibration
+    #: matmuls' conversions to the FLOPs and put the SDXL UNet, 640-5120 wide, at 1.31-1.46x its time. None or 100: none
+    matmul_convert_bandwidth_efficiency: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -417,6 +423,10 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
                                               f.relayout_narrow_bandwidth_efficiency)) if b and e and e < 100.0)
     if relayout:
         by["relayout"] = relayout
+    convert_eff = f.matmul_convert_bandwidth_efficiency
+    if convert_eff and convert_eff < 100.0 and scale != 1.0:  # float32 activations into half matmuls
+        by["matmul_convert"] = sum(scale * (n.bytes_read - n.weight_bytes) for n in cost.nodes
+                                   if n.op_class == "matmul" and n.weight_bytes) / (bw * convert_eff)
     io_eff = f.io_bandwidth_efficiency
     if io_eff and io_eff < 100.0 and (precision != "fp32" or f.host_transfers):
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
