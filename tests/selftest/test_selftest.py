@@ -172,3 +172,16 @@ def test_a_plugin_module_that_raises_on_import_is_one_line(tmp_path, monkeypatch
                        "traceback, and fix the module."), err
     assert "Traceback" not in "\n".join(err)
     sys.modules.pop("raises_on_import", None)
+
+
+def test_a_calibration_report_says_what_it_fitted_not_failed():
+    """The report the lent H200 wrote (`selftest --calibrate --device CUDA0 --report`) ran no checks: its Markdown
+    says it calibrated, names the device's peak and, per backend/kind/precision, the cases measured and the fitted
+    FLOPs efficiencies (it used to say `result: **FAILED**` and nothing else)."""
+    report = json.loads((Path(__file__).resolve().parents[2] / "docs" / "plan-gpu" / "h200-calibration-report.json").read_text())
+    md = selftest.render_markdown(report)
+    assert "**calibrated**" in md and "FAILED" not in md
+    assert "H200" in md and "fp32" in md.split("peak", 1)[1]
+    (row,) = [line for line in md.splitlines() if line.startswith("| ggml/gpu/fp32 |")]
+    cases = len(report["calibration_measurements"]["ggml/gpu"])
+    assert f"| {cases} |" in row and "matmul " in row

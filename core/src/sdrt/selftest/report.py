@@ -185,11 +185,34 @@ def render_text(report: dict[str, Any]) -> str:
     return "\n".join(lines).replace("\n\n\n", "\n\n")
 
 
+def _calibration_lines(report: dict[str, Any]) -> list[str]:
+    """What a ``--calibrate`` report fitted: the device and, per backend/kind/precision, its FLOPs efficiencies
+    and the cases measured (the full factors are in the JSON's ``calibration``)."""
+    cal = report.get("calibration") or {}
+    dev = cal.get("device") or {}
+    peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (dev.get("peak_flops") or {}).items())
+    lines = [f"- device: {dev.get('name', '?')} ({dev.get('derived') or dev.get('source', '')}; peak {peaks})", "",
+             "| backend/kind/precision | cases | FLOPs efficiency (of the peak) |", "|---|---|---|"]
+    measured = report.get("calibration_measurements") or {}
+    from ..cost.calibrate import report_key
+
+    for key, f in (cal.get("entries") or {}).items():
+        backend, kind, prec = key.split("/")
+        rows = measured.get(report_key(backend, kind, prec)) or []
+        eff = ", ".join(f"{k} {v:.2f}" for k, v in (f.get("efficiency") or {}).items())
+        lines.append(f"| {key} | {len(rows)} | {eff} |")
+    return lines + [""]
+
+
 def render_markdown(report: dict[str, Any]) -> str:
     m = report["machine"]
+    calibrating = report["mode"] == "calibrate"
+    verdict = "calibrated" if calibrating else "passed" if report["passed"] else "FAILED"
     lines = [f"### sdrt {report['sdrt']} self-test ({report['mode']})", "",
              f"- machine: {_machine_line(m)}", f"- created: {report['created']}",
-             f"- result: **{'passed' if report['passed'] else 'FAILED'}**", ""]
+             f"- result: **{verdict}**", ""]
+    if calibrating:
+        lines += _calibration_lines(report)
     for b in report["backends"]:
         runtime = ", ".join(f"{k} {v}" for k, v in (b.get("runtime") or {}).items()) or "-"
         plugin = b.get("plugin") or {}
