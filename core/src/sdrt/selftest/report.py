@@ -197,8 +197,8 @@ def _calibration_lines(report: dict[str, Any]) -> list[str]:
     from ..cost.calibrate import report_key
 
     for key, f in (cal.get("entries") or {}).items():
-        backend, kind, prec = key.split("/")
-        rows = measured.get(report_key(backend, kind, prec)) or []
+        parts = key.split("/")
+        rows = (measured.get(report_key(*parts)) or []) if len(parts) == 3 else []
         eff = ", ".join(f"{k} {v:.2f}" for k, v in (f.get("efficiency") or {}).items())
         lines.append(f"| {key} | {len(rows)} | {eff} |")
     return lines + [""]
