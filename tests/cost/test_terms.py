@@ -221,21 +221,27 @@ def test_a_calibration_without_narrow_matmuls_times_them_as_matmuls():
                [numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")])
     c = graph_costs(g)
     assert [n.time_class for n in c.nodes] == ["matmul_narrow"]
-    cpu = devices.find("cpu")
-    old = Factors({"matmul": 0.5}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0)
-    narrow = Factors({"matmul": 0.5, "matmul_narrow": 0.1}, {}, additive=True, bandwidth_bytes_per_s=1e10,
-                     weight_bandwidth_efficiency=1.0)
-    flops_ms = 1000 * c.nodes[0].flops / cpu.peak("fp32")
-    t_old, t_narrow = (predict(c, cpu, "openvino", "fp32", f).by_class_ms["matmul"] for f in (old, narrow))
+    flops_ms = 1000 * c.nodes[0].flops / devices.find("cpu").peak("fp32")
+    t_old, t_narrow = (_class_ms(c, eff, "matmul") for eff in ({"matmul": 0.5}, {"matmul": 0.5, "matmul_narrow": 0.1}))
     assert t_narrow - t_old == pytest.approx(flops_ms * (1 / 0.1 - 1 / 0.5), rel=1e-6)
-    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
-    rows = [{"features": features(c, cpu.peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}]
-    assert "matmul_narrow" in fit(rows, 1e10, "openvino").efficiency
+    assert "matmul_narrow" in _fitted_classes(c)
     wide = _graph([helper.make_node("MatMul", ["x", "w"], ["y"])], [helper.make_tensor_value_info("x", F, [1, 512, 256])],
                   [helper.make_tensor_value_info("y", F, None)],
                   [numpy_helper.from_array(np.zeros((256, 256), np.float32), "w")])
-    rows = [{"features": features(graph_costs(wide), cpu.peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}]
-    assert "matmul_narrow" not in fit(rows, 1e10, "openvino").efficiency
+    assert "matmul_narrow" not in _fitted_classes(graph_costs(wide))
+
+
+def _class_ms(cost, efficiency, op_class):
+    """``cost``'s predicted time in ``op_class`` with these FLOPs efficiencies (traffic at 10 GB/s) on the library CPU."""
+    f = Factors(efficiency, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0)
+    return predict(cost, devices.find("cpu"), "openvino", "fp32", f).by_class_ms[op_class]
+
+
+def _fitted_classes(cost):
+    """The FLOPs efficiencies a calibration of ``cost`` alone (1 ms) fits: a time class it has no node of is left out."""
+    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+    row = {"features": features(cost, devices.find("cpu").peak("fp32"), 1e10), "robust_ms": 1.0, "case": "one", **mem}
+    return fit([row], 1e10, "openvino").efficiency
 
 
 def _conv(channels: int, size: int, ks: int = 3):
@@ -264,15 +270,8 @@ def test_a_conv_past_the_cache_is_timed_as_large():
     cpu = devices.find("cpu")
     feats = features(big, cpu.peak("fp32"), 1e10)
     assert feats["flops_conv_large"] > 0 and feats["flops_conv"] == 0 and feats["conv_weight_ms"] > 0
-    old = Factors({"conv": 0.8}, {}, additive=True, bandwidth_bytes_per_s=1e10, weight_bandwidth_efficiency=1.0)
-    large = Factors({"conv": 0.8, "conv_large": 0.4}, {}, additive=True, bandwidth_bytes_per_s=1e10,
-                    weight_bandwidth_efficiency=1.0)
     flops_ms = 1000 * big.nodes[0].flops / cpu.peak("fp32")
-    t_old, t_large = (predict(big, cpu, "openvino", "fp32", f).by_class_ms["conv"] for f in (old, large))
+    t_old, t_large = (_class_ms(big, eff, "conv") for eff in ({"conv": 0.8}, {"conv": 0.8, "conv_large": 0.4}))
     assert t_large - t_old == pytest.approx(flops_ms * (1 / 0.4 - 1 / 0.8), rel=1e-6)
-    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
-    assert "conv_large" in fit([{"features": feats, "robust_ms": 1.0, "case": "one", **mem}], 1e10,
-                               "openvino").efficiency
-    small = features(graph_costs(_conv(512, 32)), cpu.peak("fp32"), 1e10)
-    assert "conv_large" not in fit([{"features": small, "robust_ms": 1.0, "case": "one", **mem}], 1e10,
-                                   "openvino").efficiency
+    assert "conv_large" in _fitted_classes(big)
+    assert "conv_large" not in _fitted_classes(graph_costs(_conv(512, 32)))

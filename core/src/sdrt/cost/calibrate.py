@@ -44,6 +44,7 @@ from .model import (
     activation_scale,
     conv_weight_bytes,
     inflight_bytes,
+    matmul_input_bytes,
     memory_nodes,
 )
 from .nodes import graph_costs
@@ -735,8 +736,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
         key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
                if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
-        if act_scale != 1.0 and n.op_class == "matmul" and n.weight_bytes:  # float32 activations into a half matmul
-            out["matmul_convert_ms"] += 1000 * act_scale * (n.bytes_read - n.weight_bytes) / bandwidth
+    if act_scale != 1.0:  # float32 activations into half matmuls
+        out["matmul_convert_ms"] = 1000 * act_scale * matmul_input_bytes(cost) / bandwidth
     if tail32 and getattr(cost, "precision", "fp32") != "fp32" and getattr(cost, "tail_conversions", 0):
         out["nodes"] += cost.tail_conversions
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth

@@ -400,6 +400,12 @@ def conv_weight_bytes(cost: GraphCost) -> float:
                                       and n.time_class in DENSE_CONVS))
 
 
+def matmul_input_bytes(cost: GraphCost) -> float:
+    """The activation bytes that a part's weight matmuls read (as its nodes count them): what a backend that keeps
+    activations float32 at a half precision converts to the half type per call (``matmul_convert_ms``)."""
+    return sum(n.bytes_read - n.weight_bytes for n in cost.nodes if n.op_class == "matmul" and n.weight_bytes)
+
+
 def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, factors: Factors | None = None,
             pinned: bool = False) -> Prediction:
     """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``; ``pinned``: the
@@ -425,8 +431,7 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
         by["relayout"] = relayout
     convert_eff = f.matmul_convert_bandwidth_efficiency
     if convert_eff and convert_eff < 100.0 and scale != 1.0:  # float32 activations into half matmuls
-        by["matmul_convert"] = sum(scale * (n.bytes_read - n.weight_bytes) for n in cost.nodes
-                                   if n.op_class == "matmul" and n.weight_bytes) / (bw * convert_eff)
+        by["matmul_convert"] = scale * matmul_input_bytes(cost) / (bw * convert_eff)
     io_eff = f.io_bandwidth_efficiency
     if io_eff and io_eff < 100.0 and (precision != "fp32" or f.host_transfers):
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
