@@ -35,7 +35,7 @@ def main(argv=None) -> int:
         parse_report_key,
     )
     from sdrt.cost.devices import find, this_cpu
-    from sdrt.cost.model import Factors, save_calibration
+    from sdrt.cost.model import Factors, copies_heads, save_calibration
 
     data = json.loads(args.report.read_text())
     measured = data["calibration_measurements"]
@@ -62,7 +62,8 @@ def main(argv=None) -> int:
                 _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision)
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=dev.peak(precision), bandwidth=bw, pinned=pinned,
-                                     scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu"))
+                                     scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu",
+                                     dense_heads=copies_heads(backend, kind)))
             mine[f"{backend}/{kind}/{precision}"] = fit_precision(rows, bw, backend, precision, dev,
                                                                    mine.get(f"{backend}/{kind}/fp32"))
             print(f"refitted {backend}/{kind}/{precision} from {len(rows)} cases", file=sys.stderr)

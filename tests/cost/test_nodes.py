@@ -312,3 +312,32 @@ def test_silu_after_a_conv_is_its_epilogue():
     fused = {n.name.split("_")[0] + str(i): n.fused for i, n in enumerate(graph_costs(g).nodes)}
     assert fused == {"Conv0": False, "Sigmoid1": True, "Mul2": True, "Relu3": True, "Sigmoid4": False, "Mul5": True,
                      "Add6": True}
+
+
+def test_slices_read_their_region_no_op_casts_and_head_transposes_are_free():
+    """GEGLU's halves: a Slice reads the half it takes; a Cast to its input's own type (diffusers' exports hold dozens)
+    is a view; a Transpose that splits heads for a matmul of two activations is marked ``head`` (strides of the
+    attention), one that lays a projection's input out for a weight matmul is not."""
+    i64 = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("MatMul", ["x", "wp"], ["p"]),                          # (1, 8, 16) -> (1, 8, 32)
+             helper.make_node("Slice", ["p", "s0", "s1", "ax"], ["h"]),               # the first half: (1, 8, 16)
+             helper.make_node("Cast", ["h"], ["hc"], to=TensorProto.FLOAT),
+             helper.make_node("Reshape", ["hc", "split"], ["r"]),                     # (1, 8, 2, 8)
+             helper.make_node("Transpose", ["r"], ["q"], perm=[0, 2, 1, 3]),          # heads: (1, 2, 8, 8)
+             helper.make_node("Transpose", ["q"], ["kt"], perm=[0, 1, 3, 2]),
+             helper.make_node("MatMul", ["q", "kt"], ["s"]),                          # scores: two activations
+             helper.make_node("Transpose", ["x"], ["xt"], perm=[0, 2, 1]),            # (1, 16, 8): not a head's
+             helper.make_node("MatMul", ["xt", "wt"], ["y"])]
+    g = _graph(nodes, [helper.make_tensor_value_info("x", F, [1, 8, 16])],
+               [helper.make_tensor_value_info("s", F, None), helper.make_tensor_value_info("y", F, None)],
+               [_w("wp", (16, 32)), _w("wt", (8, 4)), i64("s0", [0]), i64("s1", [16]), i64("ax", [2]),
+                i64("split", [1, 8, 2, 8])])
+    nodes_by_op = {}
+    for n in graph_costs(g).nodes:
+        nodes_by_op.setdefault(n.op, []).append(n)
+    (sl,) = nodes_by_op["Slice"]
+    assert sl.bytes_written == 4 * 8 * 16 and sl.bytes_read - sl.weight_bytes == 4 * 8 * 16
+    (cast,) = nodes_by_op["Cast"]
+    assert cast.op_class == "view" and cast.bytes == 0
+    heads = [n.head for n in nodes_by_op["Transpose"]]
+    assert heads == [True, True, False]  # the split, K's transpose, then the projection's input

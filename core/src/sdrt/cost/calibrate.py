@@ -43,9 +43,11 @@ from .model import (
     Factors,
     activation_scale,
     conv_weight_bytes,
+    copies_heads,
     inflight_bytes,
     matmul_input_bytes,
     memory_nodes,
+    timed_node,
 )
 from .nodes import graph_costs
 
@@ -685,7 +687,7 @@ IM2COL_GPU_BACKENDS = frozenset({"ggml"})
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0,
-             tail32: bool = False, transfers: bool = False) -> dict[str, float]:
+             tail32: bool = False, transfers: bool = False, dense_heads: bool = False) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
@@ -704,7 +706,8 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     ``FLOAT32_ACTIVATION_BACKENDS``). ``tail32``: the backend keeps the graph's tail float32 at a half precision
     (``float32_tail``), so each activation crossing between the tail and the half body (``GraphCost.tail_conversions``)
     is converted by a node of its own: one more node (``nodes``, and ``dyn_nodes``; its traffic, a contiguous copy in
-    cache, is left out: OpenVINO converted a 1024 x 320 residual stream to bf16 and back at ~150 GB/s, 26 us a block)."""
+    cache, is left out: OpenVINO converted a 1024 x 320 residual stream to bf16 and back at ~150 GB/s, 26 us a block).
+    ``dense_heads``: the backend copies attention's head transposes (``model.copies_heads``); elsewhere they are free."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -713,7 +716,7 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     if transfers:  # a GPU runtime's convs through im2col: the unfolded input written, then read by the matmul
         out["im2col_ms"] = 1000 * 2 * float(getattr(cost, "im2col_bytes", 0.0)) / bandwidth
     for n in cost.nodes:
-        if n.op_class == "view":
+        if not timed_node(n, dense_heads):
             continue
         if n.fused:
             out["fused_ms"] += 1000 * (n.weight_bytes + act_scale * (n.bytes - n.weight_bytes)) / bandwidth
@@ -748,14 +751,14 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
 
 
 def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
-             scale: float = 1.0, tail: bool = False, transfers: bool = False) -> dict[str, Any]:
+             scale: float = 1.0, tail: bool = False, transfers: bool = False, dense_heads: bool = False) -> dict[str, Any]:
     """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
     its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
     backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
     ran the case at static shapes. Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
     return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail,
-                                               transfers=transfers),
+                                               transfers=transfers, dense_heads=dense_heads),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
             "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
             "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
@@ -824,7 +827,8 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                     continue
                 prev = rows[name]["pass_ms"] if name in rows else []
                 rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
-                                      tail=float32_tail(backend, precision), transfers=dev.kind != "cpu")
+                                      tail=float32_tail(backend, precision), transfers=dev.kind != "cpu",
+                                      dense_heads=copies_heads(backend, dev.kind))
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
         # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny

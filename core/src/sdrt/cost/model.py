@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from .devices import DeviceSpec
-from .nodes import GraphCost
+from .nodes import VIEW_OPS, GraphCost
 
 log = logging.getLogger("sdrt.cost")
 
@@ -376,9 +376,25 @@ class Prediction:
     resident_bytes: float = 0.0
 
 
+#: backends that make a matmul's operands dense before they multiply on a GPU (ggml's CUDA and Vulkan matmuls take
+#: contiguous operands: ``ggml_cont``, sdrt_ggml.gpu), so that a head transpose there is a copy, not strides
+DENSE_HEADS_GPU_BACKENDS = frozenset({"ggml"})
+
+
+def copies_heads(backend: str, kind: str) -> bool:
+    """Whether ``backend`` on a device of ``kind`` copies attention's head transposes (``NodeCost.head``) dense."""
+    return kind != "cpu" and backend in DENSE_HEADS_GPU_BACKENDS
+
+
+def timed_node(n: Any, dense: bool = False) -> bool:
+    """Whether node ``n`` runs as a node of its own: not a view, nor a head transpose the backend runs as strides."""
+    return n.op_class != "view" and (dense or not getattr(n, "head", False))
+
+
 def memory_nodes(cost: GraphCost) -> int:
-    """The nodes a runtime compiles (views excluded), for the per-node memory term."""
-    return sum(1 for n in cost.nodes if n.op_class != "view")
+    """The nodes a runtime compiles (the view ops excluded), for the per-node memory term. A head transpose or a
+    no-op Cast, free in time (views there), counts: the runtime reads it in and fuses it away while it compiles."""
+    return sum(1 for n in cost.nodes if n.op not in VIEW_OPS)
 
 
 def activation_bytes(cost: GraphCost, f: Factors) -> float:
@@ -411,9 +427,10 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     """Predicted time of one call and peak memory of one part (its ``GraphCost``) on ``device``; ``pinned``: the
     process pinned the part's shapes before compiling it (``Factors.pin_bytes`` on both peaks), as a pipeline does."""
     f = factors or factors_for(backend, device, precision)
+    dense = copies_heads(backend, device.kind)
     by: dict[str, float] = {}
     for n in cost.nodes:
-        if n.op_class == "view":
+        if not timed_node(n, dense):
             continue
         by[n.op_class] = by.get(n.op_class, 0.0) + node_time_s(n.op_class, n.timed_flops, n.bytes, device, precision, f,
                                                                  n.fused, n.weight_bytes, n.time_class, n.batch)
@@ -442,7 +459,7 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     if conversions:  # the float32 tail's conversions: a node each (their traffic, a copy in cache, left out)
         by["convert"] = conversions * f.overhead_s.get("data", 0.0)
     if getattr(cost, "dynamic", False) and (f.shape_node_s or f.dynamic_node_s):
-        timed = sum(1 for n in cost.nodes if n.op_class != "view" and not n.fused) + conversions
+        timed = sum(1 for n in cost.nodes if timed_node(n, dense) and not n.fused) + conversions
         by["shapes"] = f.shape_node_s * cost.dynamic_shape_nodes + f.dynamic_node_s * timed
     ms = 1000 * sum(by.values())
     activations = activation_bytes(cost, f) * scale

@@ -57,7 +57,7 @@ ACT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2, "int8": 2, "q8_0": 2, "q
              "nf4": 2}
 PRECISIONS = tuple(WEIGHT_BYTES)
 
-_VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape",
+VIEW_OPS = _VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape",
          "Range", "EyeLike"}
 _DATA = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Resize", "Upsample",
          "Expand", "Pad", "Tile", "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements", "Cast",
@@ -110,6 +110,9 @@ class NodeCost:
     #: a dense conv wider than 1x1 run as im2col + matmul (ggml's GPU backends): the unfolded input it writes and its
     #: matmul reads, N x Ho x Wo x Cin x kh x kw activations; 0 for other nodes
     im2col_bytes: float = 0.0
+    #: a Transpose that splits heads before attention's matmuls or merges them after (``_head_transposes``): strides
+    #: of the attention where the backend fuses it, a copy where it makes matmul operands dense (``model.copies_heads``)
+    head: bool = False
 
     @property
     def timed_flops(self) -> float:
@@ -297,6 +300,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     # SiLU as torch exports it, Mul(x, Sigmoid(x)), is one kernel in the runtimes (ggml's group norm + SiLU,
     # OpenVINO's Swish in the norm's subgraph): x read by only its Sigmoid and that Mul counts as read once
     mul_operands = [set(m.input) for m in model.graph.node if m.op_type == "Mul"]  # once, not per Sigmoid
+    heads = _head_transposes(model, set(inits) | set(consts))
     for n in model.graph.node:
         if n.op_type == "Sigmoid" and n.input and n.output and readers.get(n.input[0]) == 2 and any(
                 n.input[0] in m and n.output[0] in m for m in mul_operands):
@@ -327,6 +331,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                 shape_nodes += 1
             continue
         cls = _op_class(n, origin, {})
+        if op == "Cast" and ins and n.output and dtype(ins[0]) == dtype(n.output[0]):
+            cls = "view"  # a Cast to the type its input has (diffusers' exports hold dozens): every runtime drops it
         w_read = 0.0
         a_read = 0.0
         for idx, i in enumerate(ins):
@@ -346,6 +352,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             w_read = min(w_read, _prod(out_shapes[0]) * act if out_shapes else 0.0)
         written = 0.0 if cls == "view" else sum(_prod(s) * _elem_size(dtype(o), act)
                                                   for o, s in zip([o for o in n.output if o], out_shapes))
+        if op == "Slice":  # reads the region it takes (GEGLU's halves: half its input each), not the whole input
+            a_read = min(a_read, written)
         flops = _flops(n, cls, [shape(i) for i in ins], out_shapes)
         fused = cls == "elementwise" and any(
             writer_class.get(i) in _FUSES_INTO and readers.get(i, 0) == 1 for i in ins if i not in origin)
@@ -371,7 +379,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                 and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             im2col = _prod(out_shapes[0]) / w_shape[0] * _prod(w_shape[1:]) * act
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
-                              w_read, fused, kind, batch, kernel, rows, float(im2col)))
+                              w_read, fused, kind, batch, kernel, rows, float(im2col),
+                              head=op == "Transpose" and bool(n.output) and n.output[0] in heads))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
@@ -638,6 +647,54 @@ def _einsum_flops(n: Any, ins: list[Any], out: tuple[int, ...]) -> float:
         for ch, d in zip(letters, dims):
             sizes[ch] = max(sizes.get(ch, 1), int(d))
     return 2.0 * ellipsis * _prod(list(sizes.values()))
+
+
+#: what a head transpose passes through on its way to or from attention's matmuls: views, a no-op Cast, the scale
+_HEAD_PATH = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Transpose", "Cast", "Mul", "Div"}
+
+
+def _head_transposes(model: Any, constant: set[str]) -> set[str]:
+    """The outputs of the Transposes that split heads before attention's matmuls (Q, K, V) and merge them after,
+    reaching a matmul of two activations through views, transposes, a no-op Cast or the scale (a Mul or Div by a
+    constant). A CPU runtime runs them as strides of its attention (OpenVINO's MHA and brgemm matmuls; sdrt-ggml's
+    attention rewrite takes permuted views), not as copies: OpenVINO's profile of the SD 1.5 UNet runs 32 of its 160
+    Transposes, those beside the 1x1 proj_in/proj_out, and none of the 128 head ones. ggml's GPU backends copy them
+    (``model.copies_heads``)."""
+    readers: dict[str, list[Any]] = {}
+    writer: dict[str, Any] = {}
+    const = set(constant)
+    for n in model.graph.node:  # values that fold at compile time (shapes pinned): a weight's transpose is not a head's
+        if n.op_type in ("Shape", "Size") or all(i in const for i in n.input if i):
+            const.update(o for o in n.output if o)
+        for i in n.input:
+            if i:
+                readers.setdefault(i, []).append(n)
+        for o in n.output:
+            if o:
+                writer[o] = n
+
+    def act_matmul(n: Any) -> bool:
+        return n.op_type == "MatMul" and not any(i in const for i in n.input[:2])
+
+    def passes(n: Any) -> bool:
+        return n.op_type in _HEAD_PATH and (n.op_type not in ("Mul", "Div") or any(i in const for i in n.input))
+
+    def down(v: str, depth: int) -> bool:
+        rs = [r for r in readers.get(v, []) if r.op_type not in ("Shape", "Size")]
+        return bool(rs) and all(act_matmul(r) or (depth < 4 and passes(r) and r.output and down(r.output[0], depth + 1))
+                                for r in rs)
+
+    def up(v: str, depth: int) -> bool:
+        w = writer.get(v)
+        if w is None:
+            return False
+        if act_matmul(w):
+            return True
+        return depth < 4 and w.op_type in _HEAD_PATH and w.op_type not in ("Mul", "Div") and bool(w.input) and up(
+            w.input[0], depth + 1)
+
+    return {n.output[0] for n in model.graph.node if n.op_type == "Transpose" and n.input and n.output
+            and n.input[0] not in const and (down(n.output[0], 0) or up(n.input[0], 0))}
 
 
 def _attention_scores(model: Any, origin: Mapping[str, Any]) -> set[str]:
