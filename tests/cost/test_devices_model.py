@@ -55,6 +55,36 @@ def test_this_cpu_from_detection():
     assert "detect" in cpu.source and "FLOPs/cycle" in cpu.derived
 
 
+def test_flops_a_cycle_by_isa_and_family():
+    """AVX-512 on AMD's family 25 (Zen 4) runs on 256-bit units: AVX2's rate, not Zen 5's or an Intel core's."""
+    avx512 = {"avx2", "fma", "avx512f"}
+    assert devices.fp32_flops_per_cycle(avx512, "amd", 25) == 32
+    assert devices.fp32_flops_per_cycle(avx512, "amd", 26) == 64
+    assert devices.fp32_flops_per_cycle(avx512, "intel", 6) == 64
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23) == 32
+    assert devices.fp32_flops_per_cycle({"sse4_2"}, "intel", None) == 16
+    assert devices._x86_family("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n") == 25
+    assert devices._x86_family("", "AMD64 Family 26 Model 68 Stepping 0, AuthenticAMD") == 26
+    assert devices._x86_family("", "") is None
+
+
+def test_a_calibration_keeps_its_predictions_when_the_peak_rule_changes():
+    """Calibrated efficiencies are fractions of the peak the calibration assumed (stored with it); against another
+    peak for the same CPU (a corrected FLOPs-a-cycle rule, another clock reading) they scale, so a prediction holds."""
+    import dataclasses
+
+    cpu = devices.find("cpu")
+    cost = GraphCost("g", "fp32", [NodeCost("a", "MatMul", "matmul", 1e10, 1e6, 1e6, 1e6)], 1e6, 1e6, 0.0)
+    f = Factors({"matmul": 0.4, "conv": 100.0}, {"matmul": 0.0}, calibrated=True, fused_flops_efficiency=0.2)
+    cal = {"entries": {"ggml/cpu/fp32": f.to_dict()}, "device": cpu.to_dict()}
+    before = predict(cost, cpu, "ggml", "fp32", factors_for("ggml", cpu, "fp32", cal)).ms
+    half = dataclasses.replace(cpu, peak_flops={k: v / 2 for k, v in cpu.peak_flops.items()})
+    got = factors_for("ggml", half, "fp32", cal)
+    assert got.efficiency == {"matmul": pytest.approx(0.8), "conv": 100.0}  # an absent class stays absent
+    assert got.fused_flops_efficiency == pytest.approx(0.4)
+    assert predict(cost, half, "ggml", "fp32", got).ms == pytest.approx(before)
+
+
 def test_roofline_compute_and_memory_bound():
     gpu = devices.find("RTX 3060 12GB")
     f = Factors({"matmul": 0.5, "elementwise": 0.5}, {"matmul": 0.0, "elementwise": 1e-5})

@@ -158,6 +158,36 @@ def _clock_ghz() -> float:
     return 3.0
 
 
+def _x86_family(cpuinfo: str | None = None, identifier: str | None = None) -> int | None:
+    """The x86 CPU family number: ``cpu family`` of ``/proc/cpuinfo`` (Linux), else the ``Family N`` of Windows'
+    ``PROCESSOR_IDENTIFIER`` ("AMD64 Family 25 Model 17 Stepping 1, AuthenticAMD"); None where neither says."""
+    import re
+
+    if cpuinfo is None:
+        try:
+            with open("/proc/cpuinfo") as f:
+                cpuinfo = f.read(65536)
+        except OSError:
+            cpuinfo = ""
+    m = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    if m is None:
+        m = re.search(r"\bFamily (\d+)\b", identifier if identifier is not None else os.environ.get(
+            "PROCESSOR_IDENTIFIER", ""))
+    return int(m.group(1)) if m else None
+
+
+#: AMD's family 25 (0x19: Zen 3 and Zen 4; only Zen 4 has AVX-512) runs each 512-bit FMA as two halves on its
+#: 256-bit units: 32 FP32 FLOPs a cycle, as AVX2's two FMA pipes (Zen 5, family 26, has full-width units)
+HALF_WIDTH_AVX512_FAMILIES = {"amd": frozenset({25})}
+
+
+def fp32_flops_per_cycle(features: set[str], vendor: str | None, family: int | None) -> int:
+    """FP32 FLOPs a core does a cycle at its widest FMA: AVX-512 64 (32 on 256-bit units), AVX2+FMA 32, else 16."""
+    if "avx512f" in features:
+        return 32 if family in HALF_WIDTH_AVX512_FAMILIES.get(vendor or "", ()) else 64
+    return 32 if {"avx2", "fma"} <= features else 16
+
+
 def _memory_bytes() -> int:
     try:
         return int(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"))
@@ -168,14 +198,15 @@ def _memory_bytes() -> int:
 @lru_cache(maxsize=1)
 def this_cpu() -> DeviceSpec:
     """This machine's CPU as a library entry, from ``sdrt.hardware.detect()``: peak FP32 = cores x clock x
-    FLOPs per cycle for its widest FMA (AVX-512: 64, AVX2+FMA: 32, else 16); bf16 twice that with
+    FLOPs per cycle for its widest FMA (AVX-512: 64, 32 on an AMD Zen 4's 256-bit units, AVX2+FMA: 32, else 16,
+    ``fp32_flops_per_cycle``); bf16 twice that with
     AVX512_BF16, 16 x with AMX; bandwidth a nominal 12 GB/s per core (capped at 100 GB/s), which
     ``sdrt selftest --calibrate`` replaces by what it measures."""
     from ..hardware import detect
 
     cpu = detect().cpu
     feats = set(cpu.features)
-    per_cycle = 64 if "avx512f" in feats else 32 if {"avx2", "fma"} <= feats else 16
+    per_cycle = fp32_flops_per_cycle(feats, cpu.vendor, _x86_family() if cpu.arch == "x86_64" else None)
     cores = max(1, int(cpu.cores or os.cpu_count() or 1))
     ghz = _clock_ghz()
     fp32 = cores * ghz * 1e9 * per_cycle

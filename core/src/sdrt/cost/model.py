@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import logging
 import os
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -281,8 +281,29 @@ def factors_for(backend: str, device: DeviceSpec, precision: str, calibration: d
     if calibrated_on(backend, device, cal):  # calibration describes this machine's devices only
         for key in (_key(backend, device.kind, precision), _key(backend, device.kind, "fp32")):
             if key in entries:
-                return Factors.from_dict(entries[key])
+                return _at_peak(Factors.from_dict(entries[key]), cal, device, precision)
     return DEFAULTS.get(device.kind, DEFAULTS["gpu"])
+
+
+def _at_peak(f: Factors, cal: dict[str, Any], device: DeviceSpec, precision: str) -> Factors:
+    """Calibrated factors against ``device``'s peak of now. Their compute efficiencies are fractions of the peak the
+    calibration assumed (its stored device); where this one differs (another FLOPs-a-cycle rule, as AVX-512 on
+    AMD Zen 4's 256-bit units, or another clock reading) they scale by old / new, so predictions stay what was fitted."""
+    stored = (cal.get("device") if device.kind == "cpu" else (cal.get("devices") or {}).get(device.kind)) or {}
+    peaks = stored.get("peak_flops") if isinstance(stored, dict) else None
+    if not isinstance(peaks, dict) or not peaks:
+        return f
+    try:
+        old = DeviceSpec("", "", device.kind, 0, 1.0, {k: float(v) for k, v in peaks.items()}).peak(precision)
+    except (TypeError, ValueError):
+        return f
+    new = device.peak(precision)
+    if not old or not new or abs(old / new - 1.0) < 1e-9:
+        return f
+    r = old / new
+    ff = f.fused_flops_efficiency
+    return replace(f, efficiency={c: e * r if e < 100.0 else e for c, e in f.efficiency.items()},
+                   fused_flops_efficiency=ff * r if ff and ff < 100.0 else ff)
 
 
 def calibrated_on(backend: str, device: DeviceSpec, calibration: dict[str, Any] | None = None) -> bool:
