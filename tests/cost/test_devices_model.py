@@ -56,15 +56,20 @@ def test_this_cpu_from_detection():
 
 
 def test_flops_a_cycle_by_isa_and_family():
-    """AVX-512 on AMD's family 25 (Zen 4) runs on 256-bit units: AVX2's rate, not Zen 5's or an Intel core's."""
+    """AVX-512 on AMD's family 25 (Zen 4) runs on 256-bit units: AVX2's rate, not Zen 5's or an Intel core's; AVX2 on
+    Zen 1 runs on 128-bit units: half of Zen 2's."""
     avx512 = {"avx2", "fma", "avx512f"}
     assert devices.fp32_flops_per_cycle(avx512, "amd", 25) == 32
     assert devices.fp32_flops_per_cycle(avx512, "amd", 26) == 64
     assert devices.fp32_flops_per_cycle(avx512, "intel", 6) == 64
-    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23) == 32
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23, 0x31) == 32   # Zen 2
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23, 0x01) == 16   # Zen 1: 128-bit FMA pipes
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23, 0x08) == 16   # Zen+
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 25, 0x01) == 32   # Zen 3
+    assert devices.fp32_flops_per_cycle({"avx2", "fma"}, "amd", 23, None) == 32   # model unknown: the common rate
     assert devices.fp32_flops_per_cycle({"sse4_2"}, "intel", None) == 16
-    assert devices._x86_family("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n") == 25
-    assert devices._x86_family("", "AMD64 Family 26 Model 68 Stepping 0, AuthenticAMD") == 26
+    assert devices._x86_family("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\nmodel\t\t: 17\n") == (25, 17)
+    assert devices._x86_family("", "AMD64 Family 26 Model 68 Stepping 0, AuthenticAMD") == (26, 68)
     assert devices._x86_family("", "") is None
 
 

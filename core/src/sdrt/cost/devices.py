@@ -158,9 +158,10 @@ def _clock_ghz() -> float:
     return 3.0
 
 
-def _x86_family(cpuinfo: str | None = None, identifier: str | None = None) -> int | None:
-    """The x86 CPU family number: ``cpu family`` of ``/proc/cpuinfo`` (Linux), else the ``Family N`` of Windows'
-    ``PROCESSOR_IDENTIFIER`` ("AMD64 Family 25 Model 17 Stepping 1, AuthenticAMD"); None where neither says."""
+def _x86_family(cpuinfo: str | None = None, identifier: str | None = None) -> tuple[int, int] | None:
+    """The x86 CPU (family, model): ``cpu family`` and ``model`` of ``/proc/cpuinfo`` (Linux), else the ``Family N
+    Model M`` of Windows' ``PROCESSOR_IDENTIFIER`` ("AMD64 Family 25 Model 17 Stepping 1, AuthenticAMD"); None where
+    neither says."""
     import re
 
     if cpuinfo is None:
@@ -169,23 +170,34 @@ def _x86_family(cpuinfo: str | None = None, identifier: str | None = None) -> in
                 cpuinfo = f.read(65536)
         except OSError:
             cpuinfo = ""
-    m = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
-    if m is None:
-        m = re.search(r"\bFamily (\d+)\b", identifier if identifier is not None else os.environ.get(
-            "PROCESSOR_IDENTIFIER", ""))
-    return int(m.group(1)) if m else None
+    fam = re.search(r"^cpu family\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+    if fam is not None:
+        mod = re.search(r"^model\s*:\s*(\d+)", cpuinfo, re.MULTILINE)
+        return int(fam.group(1)), int(mod.group(1)) if mod else -1
+    m = re.search(r"\bFamily (\d+) Model (\d+)\b", identifier if identifier is not None else os.environ.get(
+        "PROCESSOR_IDENTIFIER", ""))
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 #: AMD's family 25 (0x19: Zen 3 and Zen 4; only Zen 4 has AVX-512) runs each 512-bit FMA as two halves on its
 #: 256-bit units: 32 FP32 FLOPs a cycle, as AVX2's two FMA pipes (Zen 5, family 26, has full-width units)
 HALF_WIDTH_AVX512_FAMILIES = {"amd": frozenset({25})}
 
+#: Zen 1 and Zen+ (AMD family 23 = 0x17, models below 0x30; Hygon's family 24 is the same core) run each 256-bit
+#: AVX2 FMA as two halves on their two 128-bit FMA pipes: 16 FP32 FLOPs a cycle (Zen 2, family 23 from model 0x30,
+#: has 256-bit pipes)
+HALF_WIDTH_AVX2 = {"amd": (23, 0x30), "hygon": (24, 0x100)}
 
-def fp32_flops_per_cycle(features: set[str], vendor: str | None, family: int | None) -> int:
-    """FP32 FLOPs a core does a cycle at its widest FMA: AVX-512 64 (32 on 256-bit units), AVX2+FMA 32, else 16."""
+
+def fp32_flops_per_cycle(features: set[str], vendor: str | None, family: int | None, model: int | None = None) -> int:
+    """FP32 FLOPs a core does a cycle at its widest FMA: AVX-512 64 (32 on 256-bit units), AVX2+FMA 32 (16 on
+    Zen 1's 128-bit units), else 16."""
     if "avx512f" in features:
         return 32 if family in HALF_WIDTH_AVX512_FAMILIES.get(vendor or "", ()) else 64
-    return 32 if {"avx2", "fma"} <= features else 16
+    if {"avx2", "fma"} <= features:
+        half = HALF_WIDTH_AVX2.get(vendor or "")
+        return 16 if half and family == half[0] and model is not None and 0 <= model < half[1] else 32
+    return 16
 
 
 def _memory_bytes() -> int:
@@ -198,7 +210,8 @@ def _memory_bytes() -> int:
 @lru_cache(maxsize=1)
 def this_cpu() -> DeviceSpec:
     """This machine's CPU as a library entry, from ``sdrt.hardware.detect()``: peak FP32 = cores x clock x
-    FLOPs per cycle for its widest FMA (AVX-512: 64, 32 on an AMD Zen 4's 256-bit units, AVX2+FMA: 32, else 16,
+    FLOPs per cycle for its widest FMA (AVX-512: 64, 32 on an AMD Zen 4's 256-bit units, AVX2+FMA: 32, 16 on
+    Zen 1's 128-bit units, else 16,
     ``fp32_flops_per_cycle``); bf16 twice that with
     AVX512_BF16, 16 x with AMX; bandwidth a nominal 12 GB/s per core (capped at 100 GB/s), which
     ``sdrt selftest --calibrate`` replaces by what it measures."""
@@ -206,7 +219,8 @@ def this_cpu() -> DeviceSpec:
 
     cpu = detect().cpu
     feats = set(cpu.features)
-    per_cycle = fp32_flops_per_cycle(feats, cpu.vendor, _x86_family() if cpu.arch == "x86_64" else None)
+    fam_model = _x86_family() if cpu.arch == "x86_64" else None
+    per_cycle = fp32_flops_per_cycle(feats, cpu.vendor, *(fam_model or (None, None)))
     cores = max(1, int(cpu.cores or os.cpu_count() or 1))
     ghz = _clock_ghz()
     fp32 = cores * ghz * 1e9 * per_cycle
