@@ -138,7 +138,9 @@ def _precisions(be: Any, dev: Any = None) -> list[tuple[str, int]]:
 
 
 def _summary(name: str, dev_id: str, prec: str, factors: Any) -> None:
-    eff = ", ".join(f"{k} {v:.2f}" for k, v in factors.efficiency.items())
+    from ..selftest.report import efficiency_text
+
+    eff = ", ".join(f"{k} {efficiency_text(v)}" for k, v in factors.efficiency.items())
     node_us = 1e6 * max((v for k, v in factors.overhead_s.items() if k != "int"), default=0.0)  # the costliest class
     print(f"{name} on {dev_id} ({prec}): FLOPs efficiency {eff}; {1e6 * factors.call_s:.0f} us per call, {node_us:.1f} us"
           f" per node; traffic at {factors.bandwidth_bytes_per_s / 1e9:.1f} GB/s x activations"

@@ -185,6 +185,14 @@ def render_text(report: dict[str, Any]) -> str:
     return "\n".join(lines).replace("\n\n\n", "\n\n")
 
 
+def efficiency_text(value: float) -> str:
+    """A fitted efficiency as the report shows it: a term the fit found free (stored as 100, ``calibrate._inv``) is
+    "free", not an efficiency of 100x the peak; a small one keeps three significant figures."""
+    if value >= 100.0:
+        return "free"
+    return f"{value:.2f}" if value >= 0.1 else f"{value:.3g}"
+
+
 def _calibration_lines(report: dict[str, Any]) -> list[str]:
     """What a ``--calibrate`` report fitted: the device and, per backend/kind/precision, its FLOPs efficiencies
     and the cases measured (the full factors are in the JSON's ``calibration``)."""
@@ -192,14 +200,14 @@ def _calibration_lines(report: dict[str, Any]) -> list[str]:
     dev = cal.get("device") or {}
     peaks = ", ".join(f"{k} {v / 1e9:.0f} GFLOP/s" for k, v in (dev.get("peak_flops") or {}).items())
     lines = [f"- device: {dev.get('name', '?')} ({dev.get('derived') or dev.get('source', '')}; peak {peaks})", "",
-             "| backend/kind/precision | cases | FLOPs efficiency (of the peak) |", "|---|---|---|"]
+             "| backend/kind/precision | cases | FLOPs efficiency (of the peak; free: the fit charges it no time) |", "|---|---|---|"]
     measured = report.get("calibration_measurements") or {}
     from ..cost.calibrate import report_key
 
     for key, f in (cal.get("entries") or {}).items():
         parts = key.split("/")
         rows = (measured.get(report_key(*parts)) or []) if len(parts) == 3 else []
-        eff = ", ".join(f"{k} {v:.2f}" for k, v in (f.get("efficiency") or {}).items())
+        eff = ", ".join(f"{k} {efficiency_text(v)}" for k, v in (f.get("efficiency") or {}).items())
         lines.append(f"| {key} | {len(rows)} | {eff} |")
     return lines + [""]
 
