@@ -72,11 +72,39 @@ ALONE = {"blur_gaussian": (0, 0), "recolor_luminance": (0, 0), "recolor_intensit
          "tile_resample": (0, 0), "color": (1, 0.005)}
 
 
+def _whole_level_ties(gamma: float) -> set[int]:
+    """The output levels n where the recolor curve 255 (v / 255) ** gamma lands within three float32 ulps of n for
+    some input level v: there the extension's own float32 power truncates to n on one CPU and to n - 1 on another
+    (numpy's float32 power is SIMD code on an AVX-512 CPU and libm on an AVX2 one; at gamma 0.45 level 128 gives
+    186.99999 exactly, the references' 186, and 187.0 through libm's correctly rounded powf)."""
+    exact = 255.0 * (np.arange(256) / 255.0) ** float(np.float32(gamma))
+    near = np.rint(exact)
+    ulp = np.spacing(near.astype(np.float32)).astype(np.float64)
+    return {int(n) for n, e, u in zip(near, exact, ulp) if 0 < abs(e - n) <= 3 * u}
+
+
+def _level_diff(case: str, ours: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """|ours - ref| per pixel; for the recolor maps, a pixel one level apart at a whole-level tie counts as equal
+    (the extension's own output moves there between CPUs), and nothing else is forgiven."""
+    d = np.abs(ours.astype(int) - ref)
+    if case.startswith("recolor_"):
+        ties = _whole_level_ties(_value(case))
+        tie = (d == 1) & np.isin(np.maximum(ours.astype(int), ref), sorted(ties))
+        d = np.where(tie, 0, d)
+    return d
+
+
+def test_the_recolor_ties_are_the_levels_the_cpus_disagree_on():
+    """The one tie at gamma 0.45 is level 187 (input 128); gamma 1 and 1.8 have none, so those stay exact."""
+    assert _whole_level_ties(0.45) == {187}
+    assert _whole_level_ties(1.0) == set() and _whole_level_ties(1.8) == set()
+
+
 @pytest.mark.parametrize("case", MAPS)
 def test_each_map_alone_equals_opencv(case: str) -> None:
     ours, ref = _map_alone(case), _ref(case)
     assert ours.shape == ref.shape and ours.dtype == np.uint8
-    d = np.abs(ours.astype(int) - ref)
+    d = _level_diff(case, ours, ref)
     most, share = ALONE[case.split("/")[0]]
     assert d.max() <= most and (d > 0).mean() <= share, (int(d.max()), float((d > 0).mean()))
 
@@ -95,7 +123,7 @@ def test_each_map_from_the_original_image(case: str) -> None:
     ours = preprocess(REFS[f"image/{image}"], name, low, None, resolution, seed)
     ref = _ref(case)
     assert ours.shape == ref.shape
-    d = np.abs(ours.astype(int) - ref)
+    d = _level_diff(case, ours, ref)
     most, share = CHAIN[name]
     assert d.max() <= most and (d > 0).mean() <= share, (int(d.max()), float((d > 0).mean()))
 
