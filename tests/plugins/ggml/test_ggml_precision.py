@@ -408,8 +408,8 @@ def test_tiny_sd15_image_at_bf16_within_the_bar(registry):
 def test_float16_matmul_weight_takes_the_native_gemm(precision):
     """A float16 graph (onnxruntime's float16 converter, Olive's float16 folders) holds float16 MatMul weights:
     they take the native GEMM like float32 ones (they fell to ggml's mul_mat before). Reference: numpy in
-    float32 on the float16 weight (rounded to bf16 by ml_dtypes at bf16), within the bounds above plus the
-    float16 output's rounding."""
+    float32 on the float16 weight (rounded to bf16 by ml_dtypes at bf16; the activations too where the bf16 kernel
+    rounds them, vdpbf16ps), within the bounds above plus the float16 output's rounding."""
     from sdrt_ggml import native
     from sdrt_ggml.ops._common import ggml_lib
 
@@ -422,7 +422,9 @@ def test_float16_matmul_weight_takes_the_native_gemm(precision):
                        {"x": ((2, 8, 64), h)}, {"y": ((2, 8, 48), h)}, {"w": w, "b": b})
     x = rand(2, 8, 64, seed=5).astype(np.float16)
     wf = rounded("bf16", w) if precision == "bf16" else w.astype(np.float32)
-    xf = rounded("bf16", x) if precision == "bf16" else x.astype(np.float32)
+    # vdpbf16ps (AVX-512-BF16) rounds the activations to bf16; the fallback (an AVX2 CPU) keeps them in float32
+    bf16_act = precision == "bf16" and bool(native.native().bf16_kernel)
+    xf = rounded("bf16", x) if bf16_act else x.astype(np.float32)
     want = xf @ wf + b.astype(np.float32)
     with compile_ggml(model, precision=precision) as s:
         got = s.run({"x": x})["y"].astype(np.float32)
