@@ -57,7 +57,7 @@ ACT_BYTES = {"fp32": 4, "fp16": 2, "bf16": 2, "fp8": 2, "int8": 2, "q8_0": 2, "q
              "nf4": 2}
 PRECISIONS = tuple(WEIGHT_BYTES)
 
-VIEW_OPS = _VIEW = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape",
+VIEW_OPS = {"Reshape", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Shape", "Size", "Constant", "ConstantOfShape",
          "Range", "EyeLike"}
 _DATA = {"Transpose", "Concat", "Split", "Slice", "Gather", "GatherElements", "GatherND", "Resize", "Upsample",
          "Expand", "Pad", "Tile", "DepthToSpace", "SpaceToDepth", "ScatterND", "ScatterElements", "Cast",
@@ -277,7 +277,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     if dyn:
         raise SdrtError(f"inputs of {graph.name} keep dynamic dims: {', '.join(dyn)}",
                         where="sdrt.cost.graph_costs", fix="pin every dynamic input's shape")
-    unknown = [o for n in model.graph.node if n.op_type not in _VIEW for o in n.output if o and shape(o) is None]
+    unknown = [o for n in model.graph.node if n.op_type not in VIEW_OPS for o in n.output if o and shape(o) is None]
     lost = set(unknown)
     unknown_ops = sorted({(f"{n.domain}:" if n.domain not in ("", "ai.onnx") else "") + n.op_type
                           for n in model.graph.node if any(o in lost for o in n.output)
@@ -556,7 +556,7 @@ def _op_class(n: Any, inits: Mapping[str, Any], consts: Mapping[str, Any]) -> st
         return "attention"
     if op in _NORM:
         return "norm"
-    if op in _VIEW:
+    if op in VIEW_OPS:
         return "view"
     if op in _DATA:
         return "data"
@@ -848,7 +848,7 @@ def _peak_activations(model: Any, shape: Any, dtype: Any, act: int, constant: se
     peak = live
     graph_inputs = {v.name for v in model.graph.input}
     for i, n in enumerate(nodes):
-        if n.op_type in _VIEW:
+        if n.op_type in VIEW_OPS:
             continue
         reused: set[str] = set()
         for o in n.output:
