@@ -88,43 +88,57 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     const int Hq = (Hp + sh - 1) / sh, Wq = (Wp + sw - 1) / sw, nq = OH * Wq;
     const size_t psize = (size_t)Hq * Wq, slack = (size_t)KW * dw + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
     const size_t planes = (size_t)sh * sw * psize + slack, outs = (size_t)nq + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
-    float *buf = sdrt_thread_buffer(3, (planes + outs) * sizeof(float) + (size_t)nt * sizeof(int32_t));
+    float *buf = sdrt_thread_buffer(3, (planes + outs) * sizeof(float) + ((size_t)nt + H) * sizeof(int32_t));
     if (!buf)
         return;
     float *tmp = buf + planes; /* the outputs with their dropped columns */
-    int32_t *off = (int32_t *)(tmp + outs);
+    int32_t *off = (int32_t *)(tmp + outs), *rowoff = off + nt;
     for (int i = 0; i < KH; i++)
         for (int j = 0; j < KW; j++) {
             const int r = i * dh, x = j * dw;
             off[i * KW + j] = (int32_t)(((size_t)(r % sh) * sw + x % sw) * psize + (size_t)(r / sh) * Wq + x / sw);
         }
+    /* where input row y starts in its phase plane: the divisions once a call, not once a row of
+     * every plane (an integer division costs as much as copying a short row) */
+    for (int y = 0; y < H; y++) {
+        const int r = y + ph;
+        rowoff[y] = (int32_t)((size_t)(r % sh) * sw * psize + (size_t)(r / sh) * Wq);
+    }
+    /* at stride 2: even x to the plane of pw's parity, odd x to the other */
+    const size_t ev_off = (size_t)(pw % 2) * psize + pw / 2, od_off = (size_t)((pw + 1) % 2) * psize + (pw + 1) / 2;
     memset(buf, 0, planes * sizeof(float));
     const sdrt_epilogue *epp = ep.act ? &ep : NULL;
+    int n = ith / C, c = ith % C; /* plane ith, then every nth */
     for (long pl = ith; pl < (long)N * C; pl += nth) {
-        const int n = (int)(pl / C), c = (int)(pl % C);
         const float *xp = (const float *)(X.data + (size_t)n * X.nb[3] + (size_t)c * X.nb[2]);
         float *op = (float *)(O.data + (size_t)n * O.nb[3] + (size_t)c * O.nb[2]);
         const float *wc = (const float *)(Wt.data + (size_t)c * Wt.nb[1]);
-        for (int y = 0; y < H; y++) { /* the image's positions; the pads stay zero */
-            const int r = y + ph;
-            float *prow = buf + (size_t)(r % sh) * sw * psize + (size_t)(r / sh) * Wq;
-            const float *src = xp + (size_t)y * W;
-            if (sw == 1) {
-                copy_row(prow + pw, src, W);
-            } else if (sw == 2) { /* even x to the plane of pw's parity, odd x to the other */
-                float *ev = prow + (size_t)(pw % 2) * psize + pw / 2, *od = prow + (size_t)((pw + 1) % 2) * psize + (pw + 1) / 2;
-                split2(W / 2, src, ev, od);
+        const float bc = bias ? bias[c] : 0.0f;
+        for (c += nth; c >= C; c -= C)
+            n++;
+        if (sw == 1) { /* the image's positions; the pads stay zero */
+            for (int y = 0; y < H; y++)
+                copy_row(buf + rowoff[y] + pw, xp + (size_t)y * W, W);
+        } else if (sw == 2) {
+            for (int y = 0; y < H; y++) {
+                const float *src = xp + (size_t)y * W;
+                float *prow = buf + rowoff[y];
+                split2(W / 2, src, prow + ev_off, prow + od_off);
                 if (W % 2)
-                    ev[W / 2] = src[W - 1];
-            } else {
+                    prow[ev_off + W / 2] = src[W - 1];
+            }
+        } else {
+            for (int y = 0; y < H; y++) {
+                float *prow = buf + rowoff[y];
+                const float *src = xp + (size_t)y * W;
                 for (int x = 0; x < W; x++)
                     prow[(size_t)((x + pw) % sw) * psize + (x + pw) / sw] = src[x];
             }
         }
         if (is3x3)
-            k3x3(OH, Wq, buf, wc, bias ? bias[c] : 0.0f, epp, tmp);
+            k3x3(OH, Wq, buf, wc, bc, epp, tmp);
         else
-            flat_fn(nq, nt, buf, off, wc, bias ? bias[c] : 0.0f, epp, tmp);
+            flat_fn(nq, nt, buf, off, wc, bc, epp, tmp);
         for (int oy = 0; oy < OH; oy++)
             copy_row(op + (size_t)oy * OW, tmp + (size_t)oy * Wq, OW);
     }
