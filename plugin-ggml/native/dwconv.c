@@ -88,11 +88,18 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     const int Hq = (Hp + sh - 1) / sh, Wq = (Wp + sw - 1) / sw, nq = OH * Wq;
     const size_t psize = (size_t)Hq * Wq, slack = (size_t)KW * dw + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
     const size_t planes = (size_t)sh * sw * psize + slack, outs = (size_t)nq + 4 * 16 + (is3x3 ? 4 * (size_t)Wq : 0);
-    float *buf = sdrt_thread_buffer(3, (planes + outs) * sizeof(float) + ((size_t)nt + H) * sizeof(int32_t));
+    /* at stride 2 on short even rows (under 32 floats: 28, 14, 10 in MobileNets), the whole plane is
+     * split into its even and odd columns at once and the halves copied row by row: split row by
+     * row, a 14-float row is all scalar tail (576 channels at 14x14: the split took twice the
+     * convolution's multiply-adds) */
+    const int whole = sw == 2 && W % 2 == 0 && W < 32;
+    const size_t halves = whole ? (size_t)H * W : 0;
+    float *buf = sdrt_thread_buffer(3, (planes + outs + halves) * sizeof(float) + ((size_t)nt + H) * sizeof(int32_t));
     if (!buf)
         return;
     float *tmp = buf + planes; /* the outputs with their dropped columns */
-    int32_t *off = (int32_t *)(tmp + outs), *rowoff = off + nt;
+    float *evens = tmp + outs, *odds = evens + halves / 2;
+    int32_t *off = (int32_t *)(evens + halves), *rowoff = off + nt;
     for (int i = 0; i < KH; i++)
         for (int j = 0; j < KW; j++) {
             const int r = i * dh, x = j * dw;
@@ -119,6 +126,14 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
         if (sw == 1) { /* the image's positions; the pads stay zero */
             for (int y = 0; y < H; y++)
                 copy_row(buf + rowoff[y] + pw, xp + (size_t)y * W, W);
+        } else if (whole) {
+            const int hw = W / 2;
+            split2(H * hw, xp, evens, odds);
+            for (int y = 0; y < H; y++) {
+                float *prow = buf + rowoff[y];
+                copy_row(prow + ev_off, evens + (size_t)y * hw, hw);
+                copy_row(prow + od_off, odds + (size_t)y * hw, hw);
+            }
         } else if (sw == 2) {
             for (int y = 0; y < H; y++) {
                 const float *src = xp + (size_t)y * W;

@@ -84,13 +84,14 @@ typedef void (*sdrt_ln_row_fn)(int64_t n, const float *x, float m, float a, cons
 typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float *m, const float *a, const float *b,
                                   int silu, int64_t p0, int64_t p1, float *y);
 
-/* a depthwise conv's outputs along one run of positions in its padded planes (simd_dw.h) */
+/* a depthwise conv's outputs along one run of positions in its padded planes (simd_dw.h); it reads
+ * and writes up to four vectors past the run */
 typedef void (*sdrt_dw_flat_fn)(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                                 const sdrt_epilogue *ep, float *out);
 /* a 3x3 stride-1 depthwise conv over one padded plane, four output rows at a time (simd_dw.h) */
 typedef void (*sdrt_dw_3x3_fn)(int rows, int Wq, const float *P, const float *w, float bias, const sdrt_epilogue *ep,
                                float *out);
-/* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h) */
+/* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h); src must not overlap even or odd */
 typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd);
 /* Winograd F(2x2, 3x3) transforms along a row of tiles (simd_wino.h) */
 typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld);

@@ -4,33 +4,34 @@
  *   out[q] = act(bias + sum_t w[t] . base[off[t] + q]),  t < nt.
  * The positions run over the zero-padded (phase) planes of one channel (dwconv.c), so each tap is
  * a contiguous, unconditional vector load. Four vectors of q at a time keep four independent
- * accumulator chains (one chain would wait on the multiply-add latency at every tap); nq is
- * rounded up to a vector: out and the planes reach VW floats past the run. */
+ * accumulator chains (one chain would wait on the multiply-add latency at every tap). The run's
+ * end is taken the same way, two or four vectors at once, never one chain alone: a 7x7 map is
+ * four vectors in all, and one chain a vector spent four times the multiply-adds' throughput
+ * (960 channels at 7x7, stride 1). So nq is rounded up to four vectors: out and the planes reach
+ * 4 VW floats past the run. */
+#define SDRT_DW_CHAINS(NV)                                                                   \
+    {                                                                                        \
+        VF a[NV];                                                                            \
+        for (int v = 0; v < (NV); v++)                                                       \
+            a[v] = BCAST(bias);                                                              \
+        for (int t = 0; t < nt; t++) {                                                       \
+            const float *p = base + off[t] + q;                                              \
+            const VF wt = BCAST(w[t]);                                                       \
+            for (int v = 0; v < (NV); v++)                                                   \
+                a[v] += SFX(ld)(p + v * VW) * wt;                                            \
+        }                                                                                    \
+        for (int v = 0; v < (NV); v++)                                                       \
+            SFX(st)(out + q + v * VW, SFX(vact)(ep, a[v]));                                  \
+    }
 static void SFX(dw_flat)(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                          const sdrt_epilogue *ep, float *out) {
     int q = 0;
-    for (; q + 4 * VW <= nq; q += 4 * VW) {
-        VF a0 = BCAST(bias), a1 = a0, a2 = a0, a3 = a0;
-        for (int t = 0; t < nt; t++) {
-            const float *p = base + off[t] + q;
-            const VF wt = BCAST(w[t]);
-            a0 += SFX(ld)(p) * wt;
-            a1 += SFX(ld)(p + VW) * wt;
-            a2 += SFX(ld)(p + 2 * VW) * wt;
-            a3 += SFX(ld)(p + 3 * VW) * wt;
-        }
-        SFX(st)(out + q, SFX(vact)(ep, a0));
-        SFX(st)(out + q + VW, SFX(vact)(ep, a1));
-        SFX(st)(out + q + 2 * VW, SFX(vact)(ep, a2));
-        SFX(st)(out + q + 3 * VW, SFX(vact)(ep, a3));
-    }
-    for (; q < nq; q += VW) {
-        VF acc = BCAST(bias);
-        for (int t = 0; t < nt; t++)
-            acc += SFX(ld)(base + off[t] + q) * w[t];
-        SFX(st)(out + q, SFX(vact)(ep, acc));
-    }
+    for (; nq - q > 2 * VW; q += 4 * VW)
+        SDRT_DW_CHAINS(4)
+    if (q < nq)
+        SDRT_DW_CHAINS(2)
 }
+#undef SDRT_DW_CHAINS
 
 /* A 3x3 stride-1 depthwise conv over one padded plane (Wq floats a row), four output rows at a
  * time: out[oy Wq + x] = act(bias + sum_{i,j} w[3 i + j] . P[(oy + i) Wq + x + j]) for oy < rows
@@ -99,7 +100,11 @@ static void SFX(dw_3x3)(int rows, int Wq, const float *P, const float *w, float 
 #endif
 static void SFX(dw_split2)(int n, const float *src, float *even, float *odd) {
     int t = 0;
-    for (; t + VW <= n; t += VW) {
+    /* the last vector ends at n, overlapping the one before: it writes the same values again,
+     * where a scalar tail took as long as the vectors (rows of 112 floats at stride 2) */
+    for (; t < n && n >= VW; t += VW) {
+        if (t + VW > n)
+            t = n - VW;
         const VF a = SFX(ld)(src + 2 * t), b = SFX(ld)(src + 2 * t + VW);
         SFX(st)(even + t, SDRT_PICK(a, b, SDRT_EVENS));
         SFX(st)(odd + t, SDRT_PICK(a, b, SDRT_ODDS));

@@ -117,6 +117,9 @@ def test_gemm_bias_after_a_residual_is_not_fused():
     (2, (17, 23), (5, 5), (2, 2), (1, 1)),   # 5x5 at stride 2, odd pad: phase planes swap parity
     (2, (16, 19), (3, 3), (3, 3), (1, 1)),   # stride 3: nine phase planes
     (2, (15, 14), (3, 5), (2, 2), (2, 1)),   # stride and dilation together
+    (3, (14, 14), (3, 3), (2, 2), (1, 1)),   # stride 2, short even rows: the plane split at once
+    (2, (6, 46), (3, 3), (2, 2), (1, 1)),    # stride 2, rows of 46: the split's last vector overlaps
+    (3, (7, 7), (3, 3), (1, 1), (1, 1)),     # 7x7 at stride 1: the run's end as two or four chains
 ])
 def test_native_depthwise_conv(isa, c, hw, k, strides, dil):
     """sdrt-ggml's NCHW depthwise conv with its fused activation, every kernel body this CPU runs,
