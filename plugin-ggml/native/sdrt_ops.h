@@ -85,7 +85,7 @@ typedef void (*sdrt_affine_cl_fn)(int64_t hw, int C, const float *x, const float
                                   int silu, int64_t p0, int64_t p1, float *y);
 
 /* a depthwise conv's outputs along one run of positions in its padded planes (simd_dw.h); it reads
- * and writes up to four vectors past the run */
+ * and writes up to two vectors past the run */
 typedef void (*sdrt_dw_flat_fn)(int nq, int nt, const float *base, const int32_t *off, const float *w, float bias,
                                 const sdrt_epilogue *ep, float *out);
 /* a 3x3 stride-1 depthwise conv over one padded plane, four output rows at a time (simd_dw.h) */

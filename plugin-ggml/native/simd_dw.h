@@ -7,8 +7,8 @@
  * accumulator chains (one chain would wait on the multiply-add latency at every tap). The run's
  * end is taken the same way, two or four vectors at once, never one chain alone: a 7x7 map is
  * four vectors in all, and one chain a vector spent four times the multiply-adds' throughput
- * (960 channels at 7x7, stride 1). So nq is rounded up to four vectors: out and the planes reach
- * 4 VW floats past the run. */
+ * (960 channels at 7x7, stride 1). Four vectors are taken while more than two remain, then two:
+ * out and the planes reach up to 2 VW - 1 floats past the run. */
 #define SDRT_DW_CHAINS(NV)                                                                   \
     {                                                                                        \
         VF a[NV];                                                                            \
