@@ -29,6 +29,11 @@ typedef struct {
 } amxc_run;
 
 static int tile_runs(const sdrt_conv_pairs *a, int q0, amxc_run *runs) {
+    if (a->Wp == a->OW) { /* no padding columns (a 1x1 conv): the tile's pixels are one run of the output */
+        const int nq = a->OH * a->OW - q0;
+        runs[0] = (amxc_run){0, nq < 16 ? nq : 16, q0 / a->OW, q0 % a->OW};
+        return nq > 0;
+    }
     int count = 0;
     for (int off = 0; off < 16;) {
         const int q = q0 + off, oy = q / a->Wp, ox = q % a->Wp;
@@ -122,13 +127,11 @@ static void pairs_store(const sdrt_conv_pairs *a, int n, const float *rb, const 
     const int nr = tile_runs(a, q0, runs), np = a->OH * a->OW;
     float *o = a->out + (ptrdiff_t)n * a->out_item;
     const float *res = a->res ? (const float *)(a->res + n * a->res_item) : NULL;
-    for (int r = 0; r < 16 && row0 + r < a->OC; r++) {
-        const int oc = row0 + r;
-        for (int k = 0; k < nr; k++) {
-            const ptrdiff_t at = (ptrdiff_t)oc * np + (ptrdiff_t)runs[k].oy * a->OW + runs[k].ox;
-            sdrt_store512_run(o + at, cbuf + 16 * r + runs[k].off, runs[k].n, rb ? rb[oc] : 0.0f, res ? res + at : NULL,
-                              a->ep);
-        }
+    const int rows = a->OC - row0 < 16 ? a->OC - row0 : 16;
+    for (int k = 0; k < nr; k++) {
+        const ptrdiff_t at = (ptrdiff_t)row0 * np + (ptrdiff_t)runs[k].oy * a->OW + runs[k].ox;
+        sdrt_store512_run(o + at, np, cbuf + runs[k].off, rows, runs[k].n, rb ? rb + row0 : NULL, res ? res + at : NULL,
+                          a->ep);
     }
 }
 
@@ -254,23 +257,26 @@ SDRT_EXPORT void sdrt_pair_pad_op(void *dst, int ith, int nth, void *userdata) {
         const float *x0 = 2 * cp < C ? (const float *)(const void *)(xn + 2 * cp * X.nb[2]) : NULL;
         const float *x1 = 2 * cp + 1 < C ? (const float *)(const void *)(xn + (2 * cp + 1) * X.nb[2]) : NULL;
         memset(d, 0, (size_t)top * Wp * 4);
-        for (int y = 0; y < H; y++) {
+        /* no columns of padding (a 1x1 conv's input): the image is one run in both planes, converted as one */
+        const int flat = left == 0 && Wp == W;
+        for (int y = 0; y < H; y += flat ? H : 1) {
+            const int n_el = flat ? H * W : W;
             uint16_t *row = d + (ptrdiff_t)(y + top) * Wp * 2;
             memset(row, 0, (size_t)left * 4);
             memset(row + 2 * (left + W), 0, (size_t)(Wp - left - W) * 4);
             uint16_t *r = row + 2 * left;
             if (!x0) {
-                memset(r, 0, (size_t)W * 4);
+                memset(r, 0, (size_t)n_el * 4);
                 continue;
             }
             const float *a = x0 + (ptrdiff_t)y * W, *b = x1 ? x1 + (ptrdiff_t)y * W : NULL;
 #if defined(SDRT_HAVE_AMX)
             if (vec) {
-                pair_row(a, b, W, r);
+                pair_row(a, b, n_el, r);
                 continue;
             }
 #endif
-            for (int i = 0; i < W; i++) {
+            for (int i = 0; i < n_el; i++) {
                 r[2 * i] = sdrt_f32_to_bf16(a[i]);
                 r[2 * i + 1] = b ? sdrt_f32_to_bf16(b[i]) : 0;
             }

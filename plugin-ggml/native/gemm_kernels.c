@@ -858,13 +858,19 @@ void TARGET_AVX512 sdrt_store512_16(const float *c0, const float *c1, const sdrt
     store512((const __m512 *)(const void *)c0, (const __m512 *)(const void *)c1, 16, o);
 }
 
-void TARGET_AVX512 sdrt_store512_run(float *c, const float *v, int n, float bias, const float *res,
-                                     const sdrt_epilogue *ep) {
+void TARGET_AVX512 sdrt_store512_run(float *c, ptrdiff_t ldc, const float *v, int rows, int n, const float *bias,
+                                     const float *res, const sdrt_epilogue *ep) {
     const __mmask16 m = mask16(n);
-    __m512 x = _mm512_add_ps(_mm512_maskz_loadu_ps(m, v), _mm512_set1_ps(bias));
-    if (res)
-        x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, res));
-    _mm512_mask_storeu_ps(c, m, act512(ep, x));
+    for (int r = 0; r < rows; r++, c += ldc, v += 16) {
+        __m512 x = _mm512_maskz_loadu_ps(m, v);
+        if (bias)
+            x = _mm512_add_ps(x, _mm512_set1_ps(bias[r]));
+        if (res) {
+            x = _mm512_add_ps(x, _mm512_maskz_loadu_ps(m, res));
+            res += ldc;
+        }
+        _mm512_mask_storeu_ps(c, m, act512(ep, x));
+    }
 }
 #endif
 #endif

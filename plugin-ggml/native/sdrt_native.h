@@ -343,8 +343,10 @@ void sdrt_amx_tiles_load(const sdrt_amx_config *cfg, sdrt_amx_config *prev);
 void sdrt_amx_config_default(sdrt_amx_config *cfg);
 /* the caller's configuration loaded again, or the tiles released where there was none */
 void sdrt_amx_tiles_end(const sdrt_amx_config *prev);
-/* n (<= 16) floats v (+ bias, + res[i] where res is not NULL, then ep's activation) to c: a run of a C tile's row */
-void sdrt_store512_run(float *c, const float *v, int n, float bias, const float *res, const sdrt_epilogue *ep);
+/* a run of n (<= 16) columns of a C tile's first `rows` rows: row r's floats v[16 r ..] (+ bias[r] where bias is not
+ * NULL, + res[r ldc + i] where res is not NULL, then ep's activation) to c[r ldc ..] */
+void sdrt_store512_run(float *c, ptrdiff_t ldc, const float *v, int rows, int n, const float *bias, const float *res,
+                       const sdrt_epilogue *ep);
 #endif
 /* whether the CPU and the OS have AMX-BF16 tiles for this process (asking the OS for them the first time) */
 int sdrt_amx_available(void);

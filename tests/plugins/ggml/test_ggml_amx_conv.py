@@ -47,6 +47,7 @@ PAIRS_SHAPES = [  # C, H, W, OC, k, pad, dilation
     (48, 64, 64, 32, 3, 1, 1),  # a wide map: a tile within an output row, runs across the row ends
     (96, 8, 8, 20, 1, 0, 1),  # pointwise
     (35, 64, 64, 17, 1, 0, 1),  # pointwise, wide, odd C and OC
+    (40, 7, 7, 24, 1, 0, 1),  # pointwise on 49 pixels: a tile of one pixel last, a row tile of 8 rows
     (40, 5, 3, 64, 3, 1, 1),  # rows of 5 padded pixels: four output rows a tile
 ]
 
@@ -87,14 +88,18 @@ def test_pairs_conv_matches_the_rounded_conv(nat, c, h, w, oc, k, p, d):
         ggml.ggml_free(g)
 
 
-def test_pair_pad_op_writes_rounded_pairs_and_zeros():
+@pytest.mark.parametrize(
+    "top,left,wp,hp",
+    [(1, 2, 24, 6), (0, 0, 21, 5)],  # padded all round; no columns of padding (a 1x1 conv's: one run a plane)
+)
+def test_pair_pad_op_writes_rounded_pairs_and_zeros(top, left, wp, hp):
     """The pair pad op (AVX-512-BF16 where there are AMX tiles, else a scalar loop; no tiles needed): channel 2p at
     even, 2p + 1 at odd positions, bf16 rounded to nearest even, zeros around the image, past C (odd C: the last
     pair's second element) and past ceil(C / 2) pairs."""
     nat = native.native()
     assert nat is not None, f"native kernels not loaded: {native.unavailable_reason()}"
     rng = np.random.default_rng(5)
-    n, c, h, w, top, left, wp, hp = 2, 5, 3, 21, 1, 2, 24, 6
+    n, c, h, w = 2, 5, 3, 21
     x = rng.standard_normal((n, c, h, w)).astype(np.float32)
     g = ggml.ggml_init(ggml.ggml_init_params(mem_size=16 << 20, mem_buffer=None, no_alloc=False))
     try:
