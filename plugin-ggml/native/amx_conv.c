@@ -232,6 +232,39 @@ void sdrt_conv_pairs_run(const sdrt_conv_pairs *a, const float *bias, const floa
     (void)tiles;
 }
 
+void sdrt_pair_rows(const float *a0, const float *a1, ptrdiff_t lda, int rows, int n, uint16_t *d, ptrdiff_t ldd) {
+#if defined(SDRT_HAVE_AMX)
+    if (sdrt_amx_available()) {
+        for (int r = 0; r < rows; r++)
+            pair_row(a0 + r * lda, a1 ? a1 + r * lda : NULL, n, d + r * ldd);
+        return;
+    }
+#endif
+    for (int r = 0; r < rows; r++) {
+        const float *a = a0 + r * lda, *b = a1 ? a1 + r * lda : NULL;
+        uint16_t *o = d + r * ldd;
+        for (int i = 0; i < n; i++) {
+            o[2 * i] = sdrt_f32_to_bf16(a[i]);
+            o[2 * i + 1] = b ? sdrt_f32_to_bf16(b[i]) : 0;
+        }
+    }
+}
+
+void sdrt_pair_plane_borders(uint16_t *d, int top, int left, int W, int H, int Wp, int Hp, int all) {
+    if (all) {
+        memset(d, 0, (size_t)Hp * Wp * 4);
+        return;
+    }
+    memset(d, 0, (size_t)top * Wp * 4);
+    if (left > 0 || Wp > left + W)
+        for (int y = 0; y < H; y++) {
+            uint16_t *row = d + (ptrdiff_t)(y + top) * Wp * 2;
+            memset(row, 0, (size_t)left * 4);
+            memset(row + 2 * (left + W), 0, (size_t)(Wp - left - W) * 4);
+        }
+    memset(d + (ptrdiff_t)(top + H) * Wp * 2, 0, (size_t)(Hp - top - H) * Wp * 4);
+}
+
 /* dst = x as bf16 channel pairs, zero-padded: the input of the conv's "pairs" case, as ggml_custom_4d's callback.
  *   src[0] x:      ne (W, H, C, N), contiguous float32
  *   src[1] params: int32 [top, left]
@@ -247,40 +280,19 @@ SDRT_EXPORT void sdrt_pair_pad_op(void *dst, int ith, int nth, void *userdata) {
     const sdrt_view X = j.X, D = j.D;
     const int top = j.top, left = j.left, W = j.W, H = j.H, C = (int)X.ne[2], Wp = j.Wp, Hp = j.Hp;
     const long planes = j.planes;
-#if defined(SDRT_HAVE_AMX)
-    const int vec = sdrt_amx_available();
-#endif
     for (long p = ith; p < planes; p += nth) {
         const int cp = (int)(p % D.ne[2]), n = (int)(p / D.ne[2]);
         uint16_t *d = (uint16_t *)(void *)(D.data + cp * D.nb[2] + n * D.nb[3]);
         const char *xn = X.data + n * X.nb[3];
         const float *x0 = 2 * cp < C ? (const float *)(const void *)(xn + 2 * cp * X.nb[2]) : NULL;
         const float *x1 = 2 * cp + 1 < C ? (const float *)(const void *)(xn + (2 * cp + 1) * X.nb[2]) : NULL;
-        memset(d, 0, (size_t)top * Wp * 4);
+        sdrt_pair_plane_borders(d, top, left, W, H, Wp, Hp, x0 == NULL);
+        if (!x0)
+            continue;
         /* no columns of padding (a 1x1 conv's input): the image is one run in both planes, converted as one */
-        const int flat = left == 0 && Wp == W;
-        for (int y = 0; y < H; y += flat ? H : 1) {
-            const int n_el = flat ? H * W : W;
-            uint16_t *row = d + (ptrdiff_t)(y + top) * Wp * 2;
-            memset(row, 0, (size_t)left * 4);
-            memset(row + 2 * (left + W), 0, (size_t)(Wp - left - W) * 4);
-            uint16_t *r = row + 2 * left;
-            if (!x0) {
-                memset(r, 0, (size_t)n_el * 4);
-                continue;
-            }
-            const float *a = x0 + (ptrdiff_t)y * W, *b = x1 ? x1 + (ptrdiff_t)y * W : NULL;
-#if defined(SDRT_HAVE_AMX)
-            if (vec) {
-                pair_row(a, b, n_el, r);
-                continue;
-            }
-#endif
-            for (int i = 0; i < n_el; i++) {
-                r[2 * i] = sdrt_f32_to_bf16(a[i]);
-                r[2 * i + 1] = b ? sdrt_f32_to_bf16(b[i]) : 0;
-            }
-        }
-        memset(d + (ptrdiff_t)(top + H) * Wp * 2, 0, (size_t)(Hp - top - H) * Wp * 4);
+        if (left == 0 && Wp == W)
+            sdrt_pair_rows(x0, x1, 0, 1, H * W, d + (ptrdiff_t)top * Wp * 2, 0);
+        else
+            sdrt_pair_rows(x0, x1, W, H, W, d + ((ptrdiff_t)top * Wp + left) * 2, (ptrdiff_t)Wp * 2);
     }
 }

@@ -54,6 +54,14 @@ typedef struct {
 /* 0 with *j filled where the image fits in dst at (top, left), else -1 (conv.c) */
 int sdrt_pad_job_of(void *dst, int per, sdrt_pad_job *j);
 
+/* rows x n floats of two channel planes (a1 NULL: zeros) as bf16 pairs side by side (amx_conv.c): row r of a0 and
+ * a1 at a0 + r lda, a1 + r lda, of d at d + r ldd (uint16, 2 n of them a row). AVX-512-BF16 where the CPU has
+ * AMX, else a scalar loop; both round to nearest even */
+void sdrt_pair_rows(const float *a0, const float *a1, ptrdiff_t lda, int rows, int n, uint16_t *d, ptrdiff_t ldd);
+
+/* the zeros of a pair plane of Hp x Wp pairs around a W x H image at (top, left) (all of it where `all`) */
+void sdrt_pair_plane_borders(uint16_t *d, int top, int left, int W, int H, int Wp, int Hp, int all);
+
 /* floats of scratch that an attention of `rows` query rows needs (sdrt_attn_fn's work) */
 static inline size_t sdrt_attn_work_floats(const sdrt_attn_job *job, int rows) {
     return 8 * (size_t)job->kb + (size_t)rows * job->dvp + 2 * (size_t)rows + (size_t)rows * job->D;

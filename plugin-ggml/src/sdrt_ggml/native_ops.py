@@ -254,24 +254,28 @@ def upscale(ops: NativeOps, g: Any, ctx: Any, x: Any, ne: tuple[int, int, int, i
 
 
 def dwconv(ops: NativeOps, g: Any, ctx: Any, x: Any, w: Any, params: Any, bias: Any, *,
-           out_ne: tuple[int, int, int, int]) -> Any:
+           out_ne: tuple[int, int, int, int], pairs: bool = False) -> Any:
     """Depthwise conv by ``sdrt_dwconv_op`` (contract in native/dwconv.c): ``x`` NCHW ne (W, H, C, N)
-    contiguous, ``w`` ne (KH*KW, C), ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw, act, lo, hi]
-    (``dw_params``), ``bias`` C floats or None; ``out_ne`` (OW, OH, C, N)."""
+    contiguous, ``w`` ne (KH*KW, C), ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw, act, lo, hi, pairs, top,
+    left] (``dw_params``), ``bias`` C floats or None; ``out_ne`` (OW, OH, C, N) float32, or with ``pairs`` (params
+    with ``pairs=(top, left)``) (2 Wp, Hp, C2, N) 16-bit: bf16 channel pairs as ``sdrt_pair_pad_op`` writes them."""
     args = [x, w, params, bias if bias is not None else ctypes.POINTER(g.ggml_tensor)()]
     arr = (ctypes.POINTER(g.ggml_tensor) * 4)(*args)
-    return _named(g, g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, 4, ops.dwconv_op, g.GGML_N_TASKS_MAX, None),
+    kind = g.GGML_TYPE_BF16 if pairs else g.GGML_TYPE_F32
+    return _named(g, g.ggml_custom_4d(ctx, kind, *out_ne, arr, 4, ops.dwconv_op, g.GGML_N_TASKS_MAX, None),
                   "sdrt_dwconv")
 
 
 def dw_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, act: str | None = None, lo: float = 0.0,
-              hi: float = 0.0) -> np.ndarray:
-    """``sdrt_dwconv_op``'s int32 params (the clip bounds as float32 bits)."""
+              hi: float = 0.0, pairs: tuple[int, int] | None = None) -> np.ndarray:
+    """``sdrt_dwconv_op``'s int32 params (the clip bounds as float32 bits); ``pairs``: the output written as bf16
+    channel pairs with the image at (top, left)."""
     from .native import ACTS
 
     bounds = np.array([lo, hi], np.float32).view(np.int32)
+    top, left = pairs or (0, 0)
     return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, ACTS.get(act or "", 0), bounds[0],
-                     bounds[1]], np.int32)
+                     bounds[1], int(pairs is not None), top, left], np.int32)
 
 
 def _named(g: Any, t: Any, name: str) -> Any:

@@ -133,6 +133,7 @@ def match_conv_channel_scale(lowering: Any, node: Any) -> list[Value] | None:
         bias = lowering.values.get(node.input[2]) if len(node.input) > 2 and node.input[2] else None
         strides, dil, pads = _conv_params(node, 2, w.shape[2:], x0.shape[2:])
         gate = ggml_lib().ggml_reshape_2d(lowering.ctx, cont(lowering, s).ptr, c, n)
+        x0 = replace(x0, pairs=None)  # x0 has the Mul as a reader
         y = conv2d(lowering, x0, w, bias, strides, dil, [pads[0], pads[1], pads[2], pads[3]], 1, cscale=gate)
         return None if y is None else [y]
     return None

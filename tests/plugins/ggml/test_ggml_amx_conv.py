@@ -181,3 +181,54 @@ def test_packed_route_where_the_tiles_are_off_or_conv_impl_implicit(nat):
         assert nat.set_amx(amx) == amx
         with compile_ggml(model, precision="bf16", **opts) as s:
             assert "conv amx" not in s.impl_hits and s.impl_hits.get("conv bf16", 0) == 1, (amx, s.impl_hits)
+
+
+@pytest.mark.parametrize(
+    "c,hw,stride,oc,k,pad,also_output",
+    [
+        (40, (7, 7), 1, 24, 1, 0, False),  # 20 pairs in 32 pair planes, a 1x1 conv (no padding: one run a plane)
+        (33, (14, 14), 2, 40, 3, 1, False),  # odd C (the last pair's second channel zero), a padded 3x3 conv after
+        (40, (7, 7), 1, 24, 1, 0, True),  # the depthwise output read by the graph too: the pair pad op instead
+    ],
+)
+@pytest.mark.parametrize("threads", [1, 3])
+def test_depthwise_conv_writes_the_pairs_of_the_conv_after_it(nat, c, hw, stride, oc, k, pad, also_output, threads):
+    """Depthwise 3x3 + ReLU6 (Clip) -> Conv at bf16, as in MobileNetV2's blocks: the depthwise conv writes its
+    output as the AMX conv's bf16 channel pairs (no float32 output, no pair pad op) where the conv is its only
+    reader. Small integers throughout the depthwise conv, so that its outputs are exact in bf16 and the reference
+    (float64: depthwise, clip, then the conv of the rounded kernel) is tight."""
+    assert nat.set_amx(True)
+    rng = np.random.default_rng(c + oc + threads)
+    n = 2
+    x = rng.integers(-3, 4, (n, c, *hw)).astype(np.float32)
+    wd = rng.integers(-2, 3, (c, 1, 3, 3)).astype(np.float32)
+    bd = rng.integers(-2, 3, c).astype(np.float32)
+    w = rand(oc, c, k, k, seed=7) / np.sqrt(c * k * k)
+    b = rand(oc, seed=8)
+    nodes = [
+        helper.make_node("Conv", ["x", "wd", "bd"], ["d"], group=c, pads=[1] * 4, strides=[stride] * 2),
+        helper.make_node("Clip", ["d", "lo", "hi"], ["d6"]),
+        helper.make_node("Conv", ["d6", "w", "b"], ["y"], pads=[pad] * 4),
+    ]
+    inits = {"wd": wd, "bd": bd, "lo": np.array(0, np.float32), "hi": np.array(6, np.float32), "w": w, "b": b}
+    outs = {"y": (None, F), **({"d6": (None, F)} if also_output else {})}
+    model = make_model(nodes, {"x": ((n, c, *hw), F)}, outs, inits)
+    dcols = [_im2col(x[i], 3, 3, stride, 1, 1) for i in range(n)]
+    oh, ow = dcols[0][1], dcols[0][2]
+    d6 = np.stack(
+        [
+            np.clip(np.einsum("ck,ckp->cp", wd.reshape(c, 9).astype(np.float64), col.reshape(c, 9, -1)) + bd[:, None], 0, 6)
+            for col, _, _ in dcols
+        ]
+    ).reshape(n, c, oh, ow)
+    wr = native.bf16_round(w).reshape(oc, -1).astype(np.float64)
+    with compile_ggml(model, precision="bf16", threads=threads) as s:
+        fused = s.impl_hits.get("conv input as pairs by its producer", 0)
+        assert s.impl_hits.get("conv amx", 0) == 1 and fused == (0 if also_output else 1), s.impl_hits
+        got = s.run({"x": x})
+    for i in range(n):
+        col, yh, yw = _im2col(d6[i], k, k, 1, pad, 1)
+        pre, mag = _conv_expected(wr, col, (oc, yh, yw), b)
+        _within(got["y"][i], pre, mag, f"item {i}")
+    if also_output:
+        np.testing.assert_array_equal(got["d6"], d6.astype(np.float32))

@@ -46,6 +46,10 @@ class GTensor:
     #: ``padded(top, left, Wp, Hp)`` -> a ggml tensor ne (Wp, Hp, C, N) with the values at
     #: (top, left), what a direct conv reads; None otherwise
     padded: Any = None
+    #: for an (N, C, H, W) value whose producer can write it as bf16 channel pairs (the native depthwise conv):
+    #: ``pairs(top, left, Wp, Hp, C2)`` -> a ggml tensor ne (2 Wp, Hp, C2, N) as the pair pad op writes it, what
+    #: the AMX conv reads; None otherwise (and where the value has other readers)
+    pairs: Any = None
 
     @property
     def rank(self) -> int:

@@ -226,6 +226,15 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
 
         params = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
         y = dwconv(native_ops(), g, lowering.ctx, spec.src, spec.wt, params.ptr, spec.bias, out_ne=(ow, oh, oc, n))
+
+        def as_pairs(top: int, left: int, wp: int, hp: int, c2: int) -> Any:
+            prm = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi,
+                                           pairs=(top, left)))
+            return dwconv(native_ops(), g, lowering.ctx, spec.src, spec.wt, prm.ptr, spec.bias,
+                          out_ne=(2 * wp, hp, c2, n), pairs=True)
+
+        lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
+        return GTensor(y, spec.out_shape, pairs=as_pairs)
     else:
         nat = native.for_lowering(lowering)
         params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
@@ -283,9 +292,13 @@ def conv_pairs(lowering: Any, x: GTensor, w: np.ndarray, b: Any, dil: list[int],
     kh, kw = int(w.shape[2]), int(w.shape[3])
     wp = wd + 2 * pw
     hp = h + 2 * ph + -(-16 // wp)
-    top_left = lowering.const(np.array([ph, pw], np.int32))
-    src = native.pair_pad_op(nat, ggml_lib(), lowering.ctx, x.ptr, top_left.ptr, wp=wp, hp=hp,
-                             c2=native.pairs_count(c), n=n)
+    if x.pairs is not None:  # the depthwise conv before it writes its output so
+        lowering.used("conv input as pairs by its producer")
+        src = x.pairs(ph, pw, wp, hp, native.pairs_count(c))
+    else:
+        top_left = lowering.const(np.array([ph, pw], np.int32))
+        src = native.pair_pad_op(nat, ggml_lib(), lowering.ctx, x.ptr, top_left.ptr, wp=wp, hp=hp,
+                                 c2=native.pairs_count(c), n=n)
     wt = native.pairs_rows(lowering, w)
     spec = ConvSpec(src, wt.ptr, (kh, kw, (1, 1), tuple(dil), ph, pw, True), out_shape, bias=b.ptr if b is not None else None,
                     pairs=True)

@@ -11,6 +11,7 @@ depthwise kernel; other groups are split into per-group convolutions.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -180,6 +181,8 @@ def op_conv(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     bias = inputs[2] if len(inputs) > 2 else None
     if not isinstance(x, GTensor):
         raise ValueError("Conv on a constant input")
+    if x.pairs is not None and (lowering.n_uses(node.input[0]) != 1 or node.input[0] in lowering.output_names):
+        x = replace(x, pairs=None)  # others read the float32 value: no second conv writing it as pairs
     wshape = tuple(np.shape(w)) if isinstance(w, np.ndarray) else w.shape
     spatial = len(wshape) - 2
     group = int(attrs(node).get("group", 1))
