@@ -17,31 +17,6 @@
 
 #include <string.h>
 
-/* dst[i] = src[i] for i < n: the rows of a depthwise conv's planes are short (7 to 112 floats a
- * row in MobileNets), so they are copied in constant-size pieces that the compiler inlines as
- * vector moves; memcpy's call and size dispatch cost as much as such a copy */
-static inline void copy_row(float *SDRT_RESTRICT dst, const float *SDRT_RESTRICT src, int n) {
-    for (; n >= 16; n -= 16, dst += 16, src += 16)
-        memcpy(dst, src, 16 * sizeof(float));
-    if (n & 8) {
-        memcpy(dst, src, 8 * sizeof(float));
-        dst += 8;
-        src += 8;
-    }
-    if (n & 4) {
-        memcpy(dst, src, 4 * sizeof(float));
-        dst += 4;
-        src += 4;
-    }
-    if (n & 2) {
-        memcpy(dst, src, 2 * sizeof(float));
-        dst += 2;
-        src += 2;
-    }
-    if (n & 1)
-        *dst = *src;
-}
-
 /* params[] of sdrt_dwconv_op */
 enum { DW_KH, DW_KW, DW_SH, DW_SW, DW_DH, DW_DW, DW_PH, DW_PW, DW_ACT, DW_LO, DW_HI, DW_PAIRS, DW_TOP, DW_LEFT, DW_COUNT };
 
@@ -55,22 +30,26 @@ typedef struct {
     sdrt_dw_flat_fn flat_fn;
     sdrt_dw_3x3_fn k3x3;
     sdrt_split2_fn split2;
+    sdrt_copy_rows_fn copy_rows;
 } dw_call;
 
 /* one channel plane xp (H x W) through taps wc and bias bc to tmp (OH rows Wq floats apart) */
 static void dw_plane(const dw_call *k, const float *xp, const float *wc, float bc, float *tmp) {
     const int W = k->W, H = k->H, sw = k->sw, pw = k->pw;
     float *buf = k->buf;
+    /* the input rows of one residue j of the row stride lie Wq floats apart in their phase plane: one copy each */
+    const int sh = k->sh;
     if (sw == 1) { /* the image's positions; the pads stay zero */
-        for (int y = 0; y < H; y++)
-            copy_row(buf + k->rowoff[y] + pw, xp + (size_t)y * W, W);
+        for (int j = 0; j < sh && j < H; j++)
+            k->copy_rows((H - j + sh - 1) / sh, W, xp + (size_t)j * W, (ptrdiff_t)sh * W, buf + k->rowoff[j] + pw,
+                         k->Wq);
     } else if (k->whole) {
         const int hw = W / 2;
         k->split2(H * hw, xp, k->evens, k->odds);
-        for (int y = 0; y < H; y++) {
-            float *prow = buf + k->rowoff[y];
-            copy_row(prow + k->ev_off, k->evens + (size_t)y * hw, hw);
-            copy_row(prow + k->od_off, k->odds + (size_t)y * hw, hw);
+        for (int j = 0; j < sh && j < H; j++) {
+            const int rows = (H - j + sh - 1) / sh;
+            k->copy_rows(rows, hw, k->evens + (size_t)j * hw, (ptrdiff_t)sh * hw, buf + k->rowoff[j] + k->ev_off, k->Wq);
+            k->copy_rows(rows, hw, k->odds + (size_t)j * hw, (ptrdiff_t)sh * hw, buf + k->rowoff[j] + k->od_off, k->Wq);
         }
     } else if (sw == 2) {
         for (int y = 0; y < H; y++) {
@@ -136,6 +115,7 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
         return; /* the taps of the last output would reach past the padded input, or the pairs would not fit */
     dw_call k = {.W = W, .H = H, .OW = OW, .OH = OH, .KH = KH, .KW = KW, .sh = sh, .sw = sw, .nt = KH * KW, .pw = pw,
                  .flat_fn = sdrt_ops_dw_flat(), .k3x3 = sdrt_ops_dw_3x3(), .split2 = sdrt_ops_split2(),
+                 .copy_rows = sdrt_ops_copy_rows(),
                  .ep = ep.act ? &ep : NULL};
     const int Hp = H + 2 * ph, Wp = W + 2 * pw;
     /* 3x3 at stride 1: four output rows a call (dw_3x3), so four rows of slack. Not for padded rows
@@ -209,7 +189,6 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
         dw_plane(&k, xp, (const float *)(Wt.data + (size_t)c * Wt.nb[1]), bias ? bias[c] : 0.0f, tmp);
         for (c += nth; c >= C; c -= C)
             n++;
-        for (int oy = 0; oy < OH; oy++)
-            copy_row(op + (size_t)oy * OW, tmp + (size_t)oy * k.Wq, OW);
+        k.copy_rows(OH, OW, tmp, k.Wq, op, OW);
     }
 }

@@ -175,6 +175,12 @@ static void dot_rows_scalar(int rows, int K, const float *w, ptrdiff_t ldw, cons
     }
 }
 
+static void dw_copy_rows_scalar(int rows, int n, const float *src, ptrdiff_t ls, float *dst, ptrdiff_t ld) {
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < n; i++)
+            dst[(ptrdiff_t)r * ld + i] = src[(ptrdiff_t)r * ls + i];
+}
+
 static void dw_split2_scalar(int n, const float *src, float *even, float *odd) {
     for (int t = 0; t < n; t++) {
         even[t] = src[2 * t];
@@ -235,9 +241,10 @@ typedef struct {
     sdrt_wino_in_fn wino_in;
     sdrt_wino_out_fn wino_out;
     sdrt_dot_rows_fn dot_rows;
+    sdrt_copy_rows_fn copy_rows;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, ln_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s}
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, ln_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s, dw_copy_rows_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -321,6 +328,12 @@ sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void) {
     if (ops_isa == SDRT_ISA_AUTO)
         sdrt_ops_set_isa(SDRT_ISA_AUTO);
     return ops.dw_3x3;
+}
+
+sdrt_copy_rows_fn sdrt_ops_copy_rows(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.copy_rows;
 }
 
 sdrt_dw_flat_fn sdrt_ops_dw_flat(void) {

@@ -101,6 +101,9 @@ typedef void (*sdrt_dw_3x3_fn)(int rows, int Wq, const float *P, const float *w,
                                float *out);
 /* even[t] = src[2t], odd[t] = src[2t + 1] for t < n (simd_dw.h); src must not overlap even or odd */
 typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd);
+/* dst[r ld + i] = src[r ls + i] for r < rows, i < n (simd_dw.h): rows copied with the ISA's moves, nothing written
+ * past n */
+typedef void (*sdrt_copy_rows_fn)(int rows, int n, const float *src, ptrdiff_t ls, float *dst, ptrdiff_t ld);
 /* Winograd F(2x2, 3x3) transforms along a row of tiles (simd_wino.h) */
 typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld);
 typedef void (*sdrt_wino_out_fn)(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
@@ -112,6 +115,7 @@ sdrt_dw_flat_fn sdrt_ops_dw_flat(void);
 sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void);
 sdrt_dot_rows_fn sdrt_ops_dot_rows(void);
 sdrt_split2_fn sdrt_ops_split2(void);
+sdrt_copy_rows_fn sdrt_ops_copy_rows(void);
 sdrt_wino_in_fn sdrt_ops_wino_in(void);
 sdrt_wino_out_fn sdrt_ops_wino_out(void);
 
