@@ -22,7 +22,7 @@ enum { DW_KH, DW_KW, DW_SH, DW_SW, DW_DH, DW_DW, DW_PH, DW_PW, DW_ACT, DW_LO, DW
 
 /* one call's geometry and scratch: the phase planes (zero pads), the outputs with their dropped columns */
 typedef struct {
-    int W, H, OW, OH, KH, KW, sh, sw, nt, pw, Wq, nq, is3x3, whole;
+    int W, H, OH, sh, sw, nt, pw, Wq, nq, is3x3, whole;
     size_t psize, ev_off, od_off;
     const int32_t *off, *rowoff;
     float *buf, *evens, *odds;
@@ -113,7 +113,7 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
               : ((int)O.ne[2] != C || OH < 1 || OW < 1 || (OH - 1) * sh + (KH - 1) * dh >= H + 2 * ph ||
                  (OW - 1) * sw + (KW - 1) * dw >= W + 2 * pw))
         return; /* the taps of the last output would reach past the padded input, or the pairs would not fit */
-    dw_call k = {.W = W, .H = H, .OW = OW, .OH = OH, .KH = KH, .KW = KW, .sh = sh, .sw = sw, .nt = KH * KW, .pw = pw,
+    dw_call k = {.W = W, .H = H, .OH = OH, .sh = sh, .sw = sw, .nt = KH * KW, .pw = pw,
                  .flat_fn = sdrt_ops_dw_flat(), .k3x3 = sdrt_ops_dw_3x3(), .split2 = sdrt_ops_split2(),
                  .copy_rows = sdrt_ops_copy_rows(),
                  .ep = ep.act ? &ep : NULL};

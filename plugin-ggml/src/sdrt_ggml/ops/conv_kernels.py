@@ -216,6 +216,7 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
     g = ggml_lib()
     kh, kw, strides, dil, ph, pw, padded = spec.geometry
     n, oc, oh, ow = spec.out_shape
+    as_pairs: Any = None  # the depthwise conv's offer to write its output as an AMX conv's bf16 channel pairs
     if spec.winograd:
         nat = native.for_lowering(lowering)
         params = lowering.const(native.winograd_params(ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
@@ -227,14 +228,13 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
         params = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi))
         y = dwconv(native_ops(), g, lowering.ctx, spec.src, spec.wt, params.ptr, spec.bias, out_ne=(ow, oh, oc, n))
 
-        def as_pairs(top: int, left: int, wp: int, hp: int, c2: int) -> Any:
+        def dw_pairs(top: int, left: int, wp: int, hp: int, c2: int) -> Any:
             prm = lowering.const(dw_params(kh, kw, strides, dil, ph, pw, act=spec.act, lo=spec.lo, hi=spec.hi,
                                            pairs=(top, left)))
             return dwconv(native_ops(), g, lowering.ctx, spec.src, spec.wt, prm.ptr, spec.bias,
                           out_ne=(2 * wp, hp, c2, n), pairs=True)
 
-        lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
-        return GTensor(y, spec.out_shape, pairs=as_pairs)
+        as_pairs = dw_pairs
     else:
         nat = native.for_lowering(lowering)
         params = lowering.const(native.conv_params(kh, kw, strides, dil, ph, pw, padded=padded, act=spec.act,
@@ -242,7 +242,7 @@ def conv_emit(lowering: Any, spec: ConvSpec) -> GTensor:
         y = native.conv_op(nat, g, lowering.ctx, spec.src, spec.wt, params.ptr, native.lowering_state(lowering),
                            spec.bias, spec.rbias, spec.res, spec.cscale, out_ne=(ow, oh, oc, n))
     lowering.conv_specs[ctypes.cast(y, ctypes.c_void_p).value] = spec
-    return GTensor(y, spec.out_shape)
+    return GTensor(y, spec.out_shape, pairs=as_pairs)
 
 
 def conv_spec_of(lowering: Any, v: Any) -> ConvSpec | None:
