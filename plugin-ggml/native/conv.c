@@ -5,7 +5,7 @@
  *
  * A is the kernel W itself (OC rows of K = C*KH*KW floats, OIHW order, read in place; Python
  * pads the row stride when rows would alias in L1). The column matrix B is never built. Two
- * routes, both writing C rows = output channels, which is NCHW:
+ * routes write C rows = output channels, which is NCHW:
  *
  *   direct  (stride 1, output rows at least about one kernel width long): the input comes
  *           padded (sdrt_pad_op, a node before this one), so row k of B for the output pixels
@@ -16,6 +16,11 @@
  *   packed  (strides, narrow maps): each thread packs 32-pixel panels of B from the input, one
  *           block of K at a time (a run of output pixels of one tap reads a run of one input
  *           row: a copy at stride 1, a gather otherwise; clipped at the image's edges).
+ *
+ * and a third, for float32 pointwise convs (params[P_DIRECT] 2), computes out^T = X^T W^T:
+ *
+ *   cols    pixels as the tile's rows (the input read in place, a pixel's channels np apart), 32 output channels
+ *           along the vectors (W^T packed once at load), each tile stored transposed (cols_unit).
  *
  * The epilogue (sdrt_epilogue) adds the bias, a runtime per-channel bias (the UNet's time
  * embedding), a residual (ResNet and MobileNet blocks) and an activation (ReLU, clip, hardswish)
@@ -416,6 +421,83 @@ static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const fl
     return 0;
 }
 
+/* ---- the cols route: a pointwise conv with output channels along the vectors ---------- */
+/* A float32 1x1 conv of a small plane as out^T = X^T W^T: tiles of up to MR pixels (A: the input read in place by
+ * columns, a pixel's input channels np floats apart) against panels of 32 output channels (B: W^T packed once at
+ * load, pack_b's panels), the tile stored transposed (NCHW) through the kernel's epilogue. Nothing is packed per
+ * call, and a plane of 49 pixels computes 49 columns, not two 32-pixel panels' 64 (the packed route packs the
+ * input's K x np values a call: on 7x7 and 14x14 planes with hundreds of input channels, 1.5-1.9x onnxruntime's
+ * time at one thread, docs/ggml.md). One unit: panels [q0, q1) against the pixel tiles [t0, t1) of T, each block of
+ * K in turn; the block's B rows stay in L1 over the tiles (with a runtime channel scale, a scaled copy of them). */
+/* ckern's product for an ISA without one (the library's ISA pinned after the lowering chose the route) */
+static void cols_tile_scalar(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, const sdrt_tile_out *o) {
+    float t[16 * SDRT_NR];
+    for (int i = 0; i < o->m; i++)
+        for (int j = 0; j < SDRT_NR; j++) {
+            const float *bj = j < SDRT_HALF ? b + j : b + bh + (j - SDRT_HALF);
+            float v = 0.0f;
+            for (int k = 0; k < K; k++)
+                v += a[(ptrdiff_t)k * lda + i] * bj[(ptrdiff_t)k * SDRT_HALF];
+            t[i * SDRT_NR + j] = v;
+        }
+    sdrt_store_tile(t, SDRT_NR, o);
+}
+
+static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *x, const float *wp, int T,
+                     const conv_out *co, float *out, int q0, int q1, int t0, int t1) {
+    const int np = s->OW, K = s->K;
+    const int kblocks = (K + kk->kc - 1) / kk->kc;
+    const ptrdiff_t pstride = (ptrdiff_t)2 * K * SDRT_HALF; /* floats a panel of W^T */
+    float *sb = co->cscale ? sdrt_thread_buffer(2, (size_t)2 * ((K + kblocks - 1) / kblocks) * SDRT_HALF * sizeof(float))
+                           : NULL;
+    if (co->cscale && !sb)
+        return -1;
+    sdrt_tile_out o;
+    o.ldc = np;
+    o.trans = 1;
+    o.rbias = NULL;
+    o.ldres = np;
+    o.ep = co->ep;
+    o.pfb = NULL;
+    o.pfb_half = 0;
+    o.pfb_rows = 0;
+    for (int kb = 0; kb < kblocks; kb++) {
+        const int k0 = (int)((long)kb * K / kblocks), k1 = (int)((long)(kb + 1) * K / kblocks), nk = k1 - k0;
+        o.acc = kb > 0;
+        o.last = kb + 1 == kblocks;
+        for (int q = q0; q < q1; q++) {
+            const float *b = wp + q * pstride + (ptrdiff_t)k0 * SDRT_HALF;
+            ptrdiff_t bh = (ptrdiff_t)K * SDRT_HALF;
+            if (sb) { /* B's rows times the input channel's scale (a squeeze-excitation gate) */
+                for (int k = 0; k < nk; k++) {
+                    const float sc = co->cscale[k0 + k];
+                    for (int j = 0; j < SDRT_HALF; j++) {
+                        sb[k * SDRT_HALF + j] = b[k * SDRT_HALF + j] * sc;
+                        sb[(nk + k) * SDRT_HALF + j] = b[bh + k * SDRT_HALF + j] * sc;
+                    }
+                }
+                b = sb;
+                bh = (ptrdiff_t)nk * SDRT_HALF;
+            }
+            const int ch0 = q * SDRT_NR;
+            o.n = s->OC - ch0 < SDRT_NR ? s->OC - ch0 : SDRT_NR;
+            o.bias = co->rbias ? co->rbias + ch0 : NULL;
+            for (int t = t0; t < t1; t++) {
+                const int p0 = (int)((long)t * np / T), p1 = (int)((long)(t + 1) * np / T);
+                const ptrdiff_t at = (ptrdiff_t)ch0 * np + p0;
+                o.m = p1 - p0;
+                o.c = out + at;
+                o.res = co->res ? co->res + at : NULL;
+                if (kk->ckern[1])
+                    kk->ckern[o.m](nk, x + (ptrdiff_t)k0 * np + p0, np, b, bh, &o, NULL);
+                else
+                    cols_tile_scalar(nk, x + (ptrdiff_t)k0 * np + p0, np, b, bh, &o);
+            }
+        }
+    }
+    return 0;
+}
+
 /* ---- one pixel: a matrix-vector product ----------------------------------------------- */
 /* one unit of a 1x1 conv of a 1x1 map (a squeeze-excitation's): output channels [r0, r1) of one
  * batch item as dot products of W's rows with the item's C inputs, then the epilogue. The panel
@@ -447,8 +529,11 @@ enum { P_KH, P_KW, P_SH, P_SW, P_DH, P_DW, P_PH, P_PW, P_DIRECT, P_ACT, P_LO, P_
  *                  of one output channel in (c, i, j) order; with params[P_BF16] bf16 bit patterns
  *                  (uint16, ldw even, zeros after K): the packed route, bf16 products (conv_unit_bf16); with
  *                  params[P_BF16] 2 the "pairs" case (amx_conv.c, stride 1): x is sdrt_pair_pad_op's output, W
- *                  ne (KH KW C2 2, 16 ceil(OC / 16)) bf16 rows [tap][C2][2] (zero rows past OC)
- *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi(, bf16)] (symmetric pads;
+ *                  ne (KH KW C2 2, 16 ceil(OC / 16)) bf16 rows [tap][C2][2] (zero rows past OC); with
+ *                  params[P_DIRECT] 2 (float32, 1x1, stride 1, no pads) the cols route: W^T as pack_b's panels,
+ *                  ne (16, K, 2, ceil(OC / 32))
+ *   src[2] params: int32 [KH, KW, sh, sw, dh, dw, ph, pw, direct, act, lo, hi(, bf16)] (symmetric pads; direct 1:
+ *                  x padded, 2: the cols route;
  *                  lo and hi are the float bits of SDRT_ACT_CLIP's bounds; bf16 optional, 0 if absent)
  *   src[3] state:  int32[4] zeros, the threads' shared work counter
  *   src[4] bias:   OC floats, or NULL
@@ -522,13 +607,18 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     const float *rb = trb ? (const float *)sdrt_tensor_view(trb).data : NULL;
     const char *res = tres ? sdrt_tensor_view(tres).data : NULL;
     const int np = s.OH * s.OW;
-    if (np <= 0 || s.OC <= 0 || s.K <= 0 || (int)Wt.ne[1] != s.OC)
+    /* the cols route (params[P_DIRECT] 2): a pointwise conv, W as pack_b's panels of W^T, ne (16, K, 2, panels) */
+    const int cols = !bf16 && pr[P_DIRECT] == 2;
+    if (cols && (s.H != 1 || s.KH != 1 || Wt.ne[0] != SDRT_HALF || Wt.ne[1] != s.K || Wt.ne[2] != 2 ||
+                 Wt.ne[3] * SDRT_NR < s.OC))
+        goto done; /* not the lowering's operands: nothing read past them */
+    if (np <= 0 || s.OC <= 0 || s.K <= 0 || (!cols && (int)Wt.ne[1] != s.OC))
         goto done;
     const int nr = kk->nr, spr = (s.OW + nr - 1) / nr;
-    const int direct = !bf16 && padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
+    const int direct = !cols && !bf16 && padded && !cs && kk->ikern[1] != NULL && s.sh == 1 && s.sw == 1 &&
                        s.W >= spr * nr + (s.KW - 1) * s.dw && s.H >= s.OH + (s.KH - 1) * s.dh;
     /* one pixel in, one out, a 1x1 kernel: dot products, in blocks of output channels */
-    const int vector = !bf16 && s.KH == 1 && s.KW == 1 && s.H == 1 && s.W == 1 && np == 1;
+    const int vector = !cols && !bf16 && s.KH == 1 && s.KW == 1 && s.H == 1 && s.W == 1 && np == 1;
     /* the work: groups of pixel slices (direct) or panels (packed) of each batch item */
     const int items = vector ? s.OC : direct ? s.OH * spr : (np + SDRT_NR - 1) / SDRT_NR;
     int group;
@@ -545,7 +635,21 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
         group = group > most ? most : group;
         group = group < 1 ? 1 : group > items ? items : group;
     }
-    const int groups = (items + group - 1) / group;
+    int groups = (items + group - 1) / group;
+    /* cols: units of panels x pixel tiles; tiles of the plane (up to MR pixels each) in groups whose K block of
+     * input stays in L2, then the panels split until the threads have about four units each */
+    const int tiles = cols ? (np + kk->mr_max - 1) / kk->mr_max : 0, panels = cols ? (s.OC + SDRT_NR - 1) / SDRT_NR : 0;
+    int tgroups = 1, pgroups = 1;
+    if (cols) {
+        const int kblocks = (s.K + kk->kc - 1) / kk->kc;
+        const long tile_bytes = (long)((s.K + kblocks - 1) / kblocks) * kk->mr_max * (long)sizeof(float);
+        tgroups = (int)(((long)tiles * tile_bytes + CONV_GROUP_BYTES - 1) / CONV_GROUP_BYTES);
+        tgroups = tgroups < 1 ? 1 : tgroups > tiles ? tiles : tgroups;
+        const int want = 4 * (nth > 0 ? nth : 1);
+        pgroups = (want + tgroups - 1) / tgroups;
+        pgroups = pgroups > panels ? panels : pgroups < 1 ? 1 : pgroups;
+        groups = tgroups * pgroups;
+    }
     const long units = (long)groups * s.N;
     const int32_t *off = direct ? direct_offsets(&s, s.H, s.W) : NULL;
     if (direct && !off)
@@ -568,6 +672,14 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
         const int i0 = g * group, i1 = i0 + group < items ? i0 + group : items;
         const float *xn = (const float *)(X.data + n * X.nb[3]);
         float *on = (float *)(O.data + n * O.nb[3]);
+        if (cols) {
+            const int pg = g / tgroups, tg = g % tgroups;
+            if (cols_unit(&s, kk, xn, (const float *)Wt.data, tiles, &co, on, (int)((long)pg * panels / pgroups),
+                          (int)((long)(pg + 1) * panels / pgroups), (int)((long)tg * tiles / tgroups),
+                          (int)((long)(tg + 1) * tiles / tgroups)))
+                break;
+            continue;
+        }
         const int rc = vector ? vector_unit(&s, xn, (const float *)Wt.data, &co, on, i0, i1)
                        : direct ? direct_unit(&s, kk, xn, s.W, off, (const float *)Wt.data, &co, on, i0, i1, spr)
                        : bf16 ? conv_unit_bf16(&s, kk, xn, (const uint16_t *)(const void *)Wt.data, &co, on, i0, i1)

@@ -92,7 +92,8 @@ KPORT(4)
 static const sdrt_isa_kernels portable = {"portable", 4, 32, 256, {NULL, kport_1, kport_2, kport_3, kport_4},
                                           {NULL, kporti_1, kporti_2, kporti_3, kporti_4},
                                           {NULL},
-                                          0};
+                                          0,
+                                          {NULL}};
 
 const sdrt_isa_kernels *sdrt_kernels_portable(void) { return &portable; }
 
@@ -418,7 +419,8 @@ K256(6)
 static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2, k256_3, k256_4, k256_5, k256_6},
                                       {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6},
                                       {NULL, k256m_1, k256m_2, k256m_3, k256m_4, k256m_5, k256m_6},
-                                      1};
+                                      1,
+                                      {NULL}};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {
@@ -682,6 +684,18 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     R512_ALL(R512_SAVE) \
     store512(c0, c1, MR, o);
 
+/* A stored by columns (k512c: A(i, k) = a[k lda + i], a NCHW plane's pixels i of input channel k, read in place by
+ * the pointwise conv's cols route, native/conv.c): a k step's MR broadcasts are consecutive floats, fixed
+ * displacements from one pointer that steps lda floats a k; the rows R512C_AHEAD k steps on are prefetched (one or
+ * two lines a step, lda apart: a stride the hardware's prefetchers may not follow across pages). */
+#define R512C_AHEAD 8
+#define R512C_STEP(i) \
+    if (mr_ > i) { \
+        const __m512 ab_ = _mm512_set1_ps(ap[i]); \
+        c0_##i = _mm512_fmadd_ps(ab_, b0, c0_##i); \
+        c1_##i = _mm512_fmadd_ps(ab_, b1, c1_##i); \
+    }
+
 /* The kernel body for a given lda: inlined into k512_MR once with each padded stride that gemm.c's copy of an
  * A block uses (SDRT_LDA_COPY128 / 256, compile-time constants: each row's broadcast is then a fixed
  * displacement from one pointer). Any other lda (A read in place) goes to k512r_MR (K512R_LOOP). */
@@ -720,6 +734,23 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
     static TARGET_AVX512 void k512i_##MR(int K, const float *a, ptrdiff_t lda, const float *b, const int32_t *off, \
                                          const sdrt_tile_out *o, const float *pf) { \
         K512R_LOOP(MR, b + off[k], b + off[k] + 16) \
+    } \
+    static TARGET_AVX512 void k512c_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                         const sdrt_tile_out *o, const float *pf) { \
+        enum { mr_ = MR }; \
+        (void)pf; \
+        R512_ALL(R512_DECL) \
+        const float *ap = a; \
+        for (int k = 0; k < K; k++, ap += lda) { \
+            const __m512 b0 = _mm512_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
+            _mm_prefetch((const char *)(ap + R512C_AHEAD * lda), _MM_HINT_T0); \
+            _mm_prefetch((const char *)(ap + R512C_AHEAD * lda + mr_ - 1), _MM_HINT_T0); \
+            R512_ALL(R512C_STEP) \
+        } \
+        __m512 c0[MR], c1[MR]; \
+        R512_ALL(R512_SAVE) \
+        store512(c0, c1, MR, o); \
     }
 K512(1)
 K512(2)
@@ -746,7 +777,9 @@ static const sdrt_isa_kernels avx512 = {
     {NULL, k512i_1, k512i_2, k512i_3, k512i_4, k512i_5, k512i_6, k512i_7, k512i_8, k512i_9, k512i_10, k512i_11,
      k512i_12, k512i_13, k512i_14},
     {NULL},
-    1};
+    1,
+    {NULL, k512c_1, k512c_2, k512c_3, k512c_4, k512c_5, k512c_6, k512c_7, k512c_8, k512c_9, k512c_10, k512c_11,
+     k512c_12, k512c_13, k512c_14}};
 
 /* ---- AVX-512-BF16: vdpbf16ps ----------------------------------------------------------
  * The same register tile as the float32 AVX-512 kernel (mr <= 14, 28 accumulators), one vdpbf16ps
@@ -950,7 +983,8 @@ KNEON(6)
 static const sdrt_isa_kernels neon = {"neon", 6, 16, 256, {NULL, kneon_1, kneon_2, kneon_3, kneon_4, kneon_5, kneon_6},
                                       {NULL, kneoni_1, kneoni_2, kneoni_3, kneoni_4, kneoni_5, kneoni_6},
                                       {NULL},
-                                      0};
+                                      0,
+                                      {NULL}};
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return &neon; }
 #else
 const sdrt_isa_kernels *sdrt_kernels_neon(void) { return NULL; }

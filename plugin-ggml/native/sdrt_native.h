@@ -183,6 +183,8 @@ typedef struct {
     sdrt_ikernel_fn ikern[17]; /* the same with B rows by offsets (NULL: this ISA has none) */
     sdrt_mkernel_fn mkern[17]; /* many slices a call (NULL: this ISA has none) */
     int spread_pf; /* kern prefetches the B rows sdrt_tile_out.pfb names over its k steps (0: the caller does) */
+    /* kern's product with A stored by columns: A(i, k) = a[k*lda + i] (NULL: this ISA has none) */
+    sdrt_kernel_fn ckern[17];
 } sdrt_isa_kernels;
 
 /* the kernel table of an ISA, or NULL when this build or this CPU lacks it */

@@ -535,10 +535,11 @@ def row_stride(k: int, rows: int = 14) -> int:
 ACTS = {"relu": 1, "clip": 2, "hardswish": 3, "silu": 4, "gelu_tanh": 5}
 
 
-def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: bool = False,
+def conv_params(kh: int, kw: int, strides: Any, dil: Any, ph: int, pw: int, *, padded: int = 0,
                 act: str | None = None, lo: float = 0.0, hi: float = 0.0, bf16: int = 0) -> np.ndarray:
     """``sdrt_conv_op``'s int32 params: [KH, KW, sh, sw, dh, dw, ph, pw, padded, act, lo, hi, bf16], the
-    clip bounds as float32 bits; bf16 1: W is ``bf16_rows``, 2: W is ``pairs_weights``, x ``pair_pad_op``'s."""
+    clip bounds as float32 bits; padded 1: x is ``pad_op``'s, 2: the cols route (W is ``pack_b``'s panels of W^T);
+    bf16 1: W is ``bf16_rows``, 2: W is ``pairs_weights``, x ``pair_pad_op``'s."""
     bounds = np.array([lo, hi], np.float32).view(np.int32)
     return np.array([kh, kw, strides[0], strides[1], dil[0], dil[1], ph, pw, int(padded), ACTS.get(act or "", 0),
                      bounds[0], bounds[1], int(bf16)], np.int32)

@@ -315,6 +315,73 @@ def test_direct_conv_route_on_every_isa(nat, isa, c, h, w, oc, kh, kw, pads, dil
         nat.set_isa(None)
 
 
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon"])
+@pytest.mark.parametrize("c,hw,oc", [
+    (64, (7, 7), 160),   # 49 pixels: tiles of 13 and 12, five whole panels
+    (300, (3, 5), 40),   # K = 300: two K blocks; 40 channels: a panel and 8 of the next
+    (96, (14, 14), 17),  # 14 tiles of 14, one part panel
+    (70, (1, 2), 33),    # two pixels
+    (64, (29, 31), 64),  # 899 pixels: several tile groups
+])
+def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc):
+    """The cols route of a float32 pointwise conv (pixels along the tile's rows, output channels along the vectors,
+    stored transposed) against onnxruntime, with its residual and clip fused, at batch 1 and 2, 1 to 3 threads:
+    chosen by default with the AVX-512 kernels from COLS_MIN_C input channels, forced by conv_impl="cols" on any
+    ISA (a scalar loop where the ISA has no column kernels)."""
+    from sdrt_ggml.ops.conv_kernels import COLS_MIN_C
+
+    if isa not in nat.available_isas():
+        pytest.skip(f"{isa} kernels: not on this CPU or build")
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"]), mk("Add", ["y", "r"], ["z"]), mk("Clip", ["z", "lo", "hi"], ["out"])]
+    inits = {"w": rand(oc, c, 1, 1) * 0.2, "b": rand(oc), "lo": np.array(-1.5, np.float32),
+             "hi": np.array(2.5, np.float32)}
+    try:
+        nat.set_isa(isa)
+        for n in (1, 2):
+            m = make_model(nodes, {"x": ((n, c, *hw), F), "r": ((n, oc, *hw), F)}, {"out": (None, F)}, inits)
+            feeds = {"x": rand(n, c, *hw), "r": rand(n, oc, *hw, seed=3)}
+            for impl in ("auto", "cols"):
+                for threads in (1, 2, 3):
+                    check(m, feeds, atol=1e-4, conv_impl=impl, threads=threads)
+                with compile_ggml(m, conv_impl=impl) as s:
+                    hits = dict(s.impl_hits)
+                    fused = s.rewrite_hits.get("conv_epilogue")
+                cols = impl == "cols" or (isa == "avx512" and c >= COLS_MIN_C)
+                assert ("conv cols" in hits) == cols and fused == 2, (impl, hits, s.rewrite_hits)
+    finally:
+        nat.set_isa(None)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cols_conv_route_scales_its_input_channels(nat, threads):
+    """A squeeze-excitation gate before a pointwise conv on the cols route: the gate scales W^T's rows per call
+    (the packed route scales the input's columns as it packs them), no Mul op."""
+    n, c, h, w = 2, 72, 5, 9
+    nodes = [mk("GlobalAveragePool", ["x"], ["p"]), mk("Conv", ["p", "w1", "b1"], ["q"]),
+             mk("HardSigmoid", ["q"], ["gate"], alpha=1 / 6, beta=0.5), mk("Mul", ["x", "gate"], ["xs"]),
+             mk("Conv", ["xs", "w3", "b3"], ["out"])]
+    inits = {"w1": rand(c, c, 1, 1) * 0.2, "b1": rand(c), "w3": rand(40, c, 1, 1) * 0.2, "b3": rand(40, seed=3)}
+    m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"out": (None, F)}, inits)
+    check(m, {"x": rand(n, c, h, w) * 2}, atol=1e-4, threads=threads, conv_impl="cols")
+    with compile_ggml(m, threads=threads, conv_impl="cols") as s:
+        assert s.impl_hits.get("conv cols") == 1, s.impl_hits
+        assert "MUL" not in {ggml.ggml_op_desc(ggml.ggml_graph_node(s._graph, i)).decode()
+                             for i in range(ggml.ggml_graph_n_nodes(s._graph))}
+
+
+def test_cols_conv_follows_update_weights(nat):
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"])]
+    m = make_model(nodes, {"x": ((1, 64, 3, 4), F)}, {"y": (None, F)}, {"w": rand(40, 64, 1, 1), "b": rand(40)})
+    new = {"w": rand(40, 64, 1, 1, seed=2), "b": rand(40, seed=3)}
+    m2 = make_model(nodes, {"x": ((1, 64, 3, 4), F)}, {"y": (None, F)}, new)
+    x = rand(1, 64, 3, 4)
+    want = check(m2, {"x": x}, atol=1e-4)["y"]
+    with compile_ggml(m, conv_impl="cols") as s:
+        assert s.impl_hits.get("conv cols") == 1
+        s.update_weights(_Weights(new))
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_implicit_conv_follows_update_weights(nat):
     nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
     m = make_model(nodes, {"x": ((1, 4, 8, 9), F)}, {"y": (None, F)}, {"w": rand(6, 4, 3, 3), "b": rand(6)})

@@ -1,5 +1,5 @@
-"""Conv strategies on ggml's own kernels: the 1x1 GEMM in both layouts, im2col (or direct) + GEMM,
-and the depthwise kernel."""
+"""Conv strategies: the native conv's routes (implicit GEMM, direct, cols, Winograd, AMX pairs), ggml's own
+kernels (the 1x1 GEMM in both layouts, im2col (or direct) + GEMM), and the depthwise kernels."""
 
 from __future__ import annotations
 
@@ -156,7 +156,7 @@ def implicit_ok(lowering: Any, w: Any, group: int) -> bool:
     CPU, when the native kernels loaded (op_conv asks after the pointwise route, which serves
     stride-1 1x1 convs at batch 1 in both layouts)."""
     impl = lowering.options.get("conv_impl", "auto")
-    return (impl in ("auto", "implicit", "igemm", "winograd") and group == 1 and isinstance(w, np.ndarray)
+    return (impl in ("auto", "implicit", "igemm", "winograd", "cols") and group == 1 and isinstance(w, np.ndarray)
             and native.for_lowering(lowering) is not None)
 
 
@@ -188,6 +188,24 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> 
             and ow * 4 >= 3 * nat.nr and oc <= DIRECT_MAX_OC and not bf16_conv(lowering, oc))
 
 
+#: ``ConvSpec.geometry``'s ``padded`` (``sdrt_conv_op``'s params[P_DIRECT]) for the cols route
+COLS = 2
+
+#: input channels from which a float32 pointwise conv takes the cols route where the AVX-512 kernels run: below, its
+#: transposed store costs more than the packing it saves (docs/ggml.md, "Convs")
+COLS_MIN_C = 64
+
+
+def cols_ok(lowering: Any, nat: Any, w: Any, strides: list[int], ph: int, pw: int, pixels: int) -> bool:
+    """The cols route of the native conv (native/conv.c: output channels along the vectors, the input read in place,
+    W^T packed once) for a float32 stride-1 1x1 conv of 2 or more pixels: by default with the AVX-512 kernels and at
+    least COLS_MIN_C input channels; ``conv_impl="cols"`` forces it (on other ISAs a scalar loop runs it)."""
+    impl = lowering.options.get("conv_impl", "auto")
+    if tuple(w.shape[2:]) != (1, 1) or list(strides) != [1, 1] or ph or pw or pixels < 2:
+        return False
+    return impl == "cols" or (impl == "auto" and nat.isa == "avx512" and int(w.shape[1]) >= COLS_MIN_C)
+
+
 @dataclass(frozen=True)
 class ConvSpec:
     """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_epilogue.py)
@@ -196,7 +214,7 @@ class ConvSpec:
 
     src: Any  # the input the op reads (padded for the direct route)
     wt: Any  # W rows (depthwise: the taps of each channel)
-    geometry: tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, bool]  # kh, kw, strides, dil, ph, pw, padded
+    geometry: tuple[int, int, tuple[int, ...], tuple[int, ...], int, int, int]  # kh, kw, strides, dil, ph, pw, padded
     out_shape: tuple[int, int, int, int]
     bias: Any = None  # constant, OC floats
     rbias: Any = None  # runtime, ne (OC, N)
@@ -352,6 +370,13 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     if pairs_ok(lowering, nat, c, oc, strides, cscale):
         return conv_pairs(lowering, x, w, b, dil, ph, pw, out_shape)
     bf16 = bf16_conv(lowering, oc)
+    if not bf16 and cols_ok(lowering, nat, w, strides, ph, pw, oh * ow):
+        # the cols route: W^T as pack_b's panels (shared with the pointwise GEMM's, conv_layout.conv_gemm)
+        wt = lowering.const(w, transform=lambda a: native.pack_b(a.reshape(oc, k)), tag="oihwP32")
+        lowering.used("conv cols")
+        spec = ConvSpec(x.ptr, wt.ptr, (1, 1, (1, 1), (1, 1), 0, 0, COLS), out_shape,
+                        bias=b.ptr if b is not None else None, cscale=cscale)
+        return conv_emit(lowering, spec)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
