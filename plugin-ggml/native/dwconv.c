@@ -12,6 +12,11 @@
  * per call (each plane rewrites only the image's positions). The bias and the activation (ReLU,
  * clip, hardswish, SiLU: sdrt_epilogue) are applied as the outputs are stored. The threads take
  * channel planes in turn.
+ *
+ * With AVX-512 (dilation 1, equal strides 1 or 2, kernels up to 8 wide) the planes are not copied at all: dw_rows
+ * (simd_dw.h) reads each tap's 16 columns from the unpadded input with a masked load (zeros outside the image) and
+ * writes the output rows in place; 3x3 and 5x5 keep their weights in registers. The phase planes and their two row
+ * copies had cost more than the taps on MobileNets' small maps (7x7 to 28x28).
  */
 #include "sdrt_ops.h"
 
@@ -22,7 +27,7 @@ enum { DW_KH, DW_KW, DW_SH, DW_SW, DW_DH, DW_DW, DW_PH, DW_PW, DW_ACT, DW_LO, DW
 
 /* one call's geometry and scratch: the phase planes (zero pads), the outputs with their dropped columns */
 typedef struct {
-    int W, H, OH, sh, sw, nt, pw, Wq, nq, is3x3, whole;
+    int W, H, OH, OW, KH, KW, ph, sh, sw, nt, pw, Wq, nq, is3x3, whole;
     size_t psize, ev_off, od_off;
     const int32_t *off, *rowoff;
     float *buf, *evens, *odds;
@@ -31,11 +36,16 @@ typedef struct {
     sdrt_dw_3x3_fn k3x3;
     sdrt_split2_fn split2;
     sdrt_copy_rows_fn copy_rows;
+    sdrt_dw_rows_fn rows; /* straight from the input, no phase planes (NULL: this ISA or this geometry has none) */
 } dw_call;
 
 /* one channel plane xp (H x W) through taps wc and bias bc to tmp (OH rows Wq floats apart) */
 static void dw_plane(const dw_call *k, const float *xp, const float *wc, float bc, float *tmp) {
     const int W = k->W, H = k->H, sw = k->sw, pw = k->pw;
+    if (k->rows) {
+        k->rows(xp, H, W, k->KH, k->KW, sw, k->ph, pw, wc, bc, k->ep, tmp, k->OH, k->OW, k->Wq);
+        return;
+    }
     float *buf = k->buf;
     /* the input rows of one residue j of the row stride lie Wq floats apart in their phase plane: one copy each */
     const int sh = k->sh;
@@ -113,10 +123,13 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
               : ((int)O.ne[2] != C || OH < 1 || OW < 1 || (OH - 1) * sh + (KH - 1) * dh >= H + 2 * ph ||
                  (OW - 1) * sw + (KW - 1) * dw >= W + 2 * pw))
         return; /* the taps of the last output would reach past the padded input, or the pairs would not fit */
-    dw_call k = {.W = W, .H = H, .OH = OH, .sh = sh, .sw = sw, .nt = KH * KW, .pw = pw,
+    dw_call k = {.W = W, .H = H, .OH = OH, .OW = OW, .KH = KH, .KW = KW, .ph = ph, .sh = sh, .sw = sw, .nt = KH * KW, .pw = pw,
                  .flat_fn = sdrt_ops_dw_flat(), .k3x3 = sdrt_ops_dw_3x3(), .split2 = sdrt_ops_split2(),
                  .copy_rows = sdrt_ops_copy_rows(),
                  .ep = ep.act ? &ep : NULL};
+    /* dilation 1, equal strides 1 or 2: straight from the input where the ISA has masked loads (dw_rows) */
+    if (dh == 1 && dw == 1 && sh == sw && sh <= 2 && KW <= 8)
+        k.rows = sdrt_ops_dw_rows();
     const int Hp = H + 2 * ph, Wp = W + 2 * pw;
     /* 3x3 at stride 1: four output rows a call (dw_3x3), so four rows of slack. Not for padded rows
      * under 16 floats: dw_3x3 rounds each row up to whole vectors and the rows up to four, so a 7x7
@@ -186,9 +199,15 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     for (long pl = ith; pl < (long)N * C; pl += nth) {
         const float *xp = (const float *)(X.data + (size_t)n * X.nb[3] + (size_t)c * X.nb[2]);
         float *op = (float *)(O.data + (size_t)n * O.nb[3] + (size_t)c * O.nb[2]);
-        dw_plane(&k, xp, (const float *)(Wt.data + (size_t)c * Wt.nb[1]), bias ? bias[c] : 0.0f, tmp);
+        const float *wc = (const float *)(Wt.data + (size_t)c * Wt.nb[1]);
+        const float bc = bias ? bias[c] : 0.0f;
         for (c += nth; c >= C; c -= C)
             n++;
+        if (k.rows) { /* into the output itself */
+            k.rows(xp, H, W, KH, KW, sw, ph, pw, wc, bc, k.ep, op, OH, OW, OW);
+            continue;
+        }
+        dw_plane(&k, xp, wc, bc, tmp);
         k.copy_rows(OH, OW, tmp, k.Wq, op, OW);
     }
 }

@@ -23,6 +23,9 @@
 #if defined(__GNUC__) || defined(__clang__)
 #define SDRT_VECEXT 1
 #endif
+#if defined(SDRT_X86) && defined(SDRT_VECEXT)
+#include <immintrin.h> /* simd_dw.h's masked loads (AVX-512) */
+#endif
 
 #ifdef SDRT_VECEXT
 /* ISO C mode (-std=c11) turns off a*b+c -> fma contraction; the kernels are written for it */
@@ -242,9 +245,14 @@ typedef struct {
     sdrt_wino_out_fn wino_out;
     sdrt_dot_rows_fn dot_rows;
     sdrt_copy_rows_fn copy_rows;
+    sdrt_dw_rows_fn dw_rows;
 } ops_table;
 
-#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, ln_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s, dw_copy_rows_##s}
+/* the ISAs without dw_rows (masked loads: AVX-512 only) */
+#define dw_rows_scalar NULL
+#define dw_rows_v4 NULL
+#define dw_rows_avx2 NULL
+#define SDRT_TABLE(s) {attend_##s, gelu_erf_##s, sum_##s, sqdev_##s, affine_row_##s, ln_row_##s, affine_cl_##s, dw_flat_##s, dw_3x3_##s, dw_split2_##s, wino_in_##s, wino_out_##s, dot_rows_##s, dw_copy_rows_##s, dw_rows_##s}
 
 static ops_table table_for(int isa) {
     ops_table t = SDRT_TABLE(scalar);
@@ -334,6 +342,12 @@ sdrt_copy_rows_fn sdrt_ops_copy_rows(void) {
     if (ops_isa == SDRT_ISA_AUTO)
         sdrt_ops_set_isa(SDRT_ISA_AUTO);
     return ops.copy_rows;
+}
+
+sdrt_dw_rows_fn sdrt_ops_dw_rows(void) {
+    if (ops_isa == SDRT_ISA_AUTO)
+        sdrt_ops_set_isa(SDRT_ISA_AUTO);
+    return ops.dw_rows;
 }
 
 sdrt_dw_flat_fn sdrt_ops_dw_flat(void) {

@@ -104,6 +104,10 @@ typedef void (*sdrt_split2_fn)(int n, const float *src, float *even, float *odd)
 /* dst[r ld + i] = src[r ls + i] for r < rows, i < n (simd_dw.h): rows copied with the ISA's moves, nothing written
  * past n */
 typedef void (*sdrt_copy_rows_fn)(int rows, int n, const float *src, ptrdiff_t ls, float *dst, ptrdiff_t ld);
+/* a depthwise conv of one plane straight from its unpadded input (stride 1 or 2, dilation 1, KW <= 8) to output rows ldo
+ * floats apart (simd_dw.h; AVX-512 only, NULL elsewhere) */
+typedef void (*sdrt_dw_rows_fn)(const float *x, int H, int W, int KH, int KW, int s, int ph, int pw, const float *w,
+                                float bias, const sdrt_epilogue *ep, float *out, int OH, int OW, ptrdiff_t ldo);
 /* Winograd F(2x2, 3x3) transforms along a row of tiles (simd_wino.h) */
 typedef void (*sdrt_wino_in_fn)(int n, const float *const *e, const float *const *o, float *dst, ptrdiff_t ld);
 typedef void (*sdrt_wino_out_fn)(int n, int cols, const float *m, ptrdiff_t ld, float bias, const float *res0,
@@ -116,6 +120,7 @@ sdrt_dw_3x3_fn sdrt_ops_dw_3x3(void);
 sdrt_dot_rows_fn sdrt_ops_dot_rows(void);
 sdrt_split2_fn sdrt_ops_split2(void);
 sdrt_copy_rows_fn sdrt_ops_copy_rows(void);
+sdrt_dw_rows_fn sdrt_ops_dw_rows(void);
 sdrt_wino_in_fn sdrt_ops_wino_in(void);
 sdrt_wino_out_fn sdrt_ops_wino_out(void);
 

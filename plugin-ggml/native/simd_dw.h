@@ -70,6 +70,216 @@ static void SFX(dw_3x3)(int rows, int Wq, const float *P, const float *w, float 
         }
 }
 
+#if VW == 16 && defined(SDRT_X86)
+#if defined(__clang__)
+#define SDRT_UNROLL_DW _Pragma("unroll")
+#else
+#define SDRT_UNROLL_DW _Pragma("GCC unroll 32")
+#endif
+/* the lanes of 16 from `start` of a row of W floats that lie inside it, [0, W) */
+SDRT_INLINE __mmask16 SFX(dw_lanes)(int start, int W) {
+    const int lo = start < 0 ? -start : 0, hi = W - start < 16 ? W - start : 16;
+    return hi <= lo ? (__mmask16)0 : (__mmask16)((0xFFFFu >> (16 - hi)) & (0xFFFFu << lo));
+}
+
+/* dw_rows' body for a kernel KW taps wide (a constant where inlined: 3 and 5 unroll) */
+SDRT_INLINE void SFX(dw_rows_kw)(const float *x, int H, int W, int KH, const int KW, int s, int ph, int pw,
+                                 const float *w, float bias, const sdrt_epilogue *ep, float *out, int OH, int OW,
+                                 ptrdiff_t ldo) {
+    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    __mmask16 ma[8], mb[8];
+    int st[8];
+    for (int x0 = 0; x0 < OW; x0 += 16) {
+        /* a tap column's loads and their lanes inside the image: the same for every row */
+        for (int j = 0; j < KW; j++) {
+            st[j] = x0 * s + j - pw;
+            ma[j] = SFX(dw_lanes)(st[j], W);
+            mb[j] = s == 2 ? SFX(dw_lanes)(st[j] + 16, W) : (__mmask16)0;
+        }
+        const int n = OW - x0 < 16 ? OW - x0 : 16;
+        const __mmask16 mo = (__mmask16)(0xFFFFu >> (16 - n));
+        for (int oy = 0; oy < OH; oy++) {
+            __m512 a0 = _mm512_set1_ps(bias), a1 = _mm512_setzero_ps();
+            for (int i = 0; i < KH; i++) {
+                const int r = oy * s + i - ph;
+                if (r < 0 || r >= H)
+                    continue;
+                const float *row = x + (ptrdiff_t)r * W;
+                const float *wr = w + i * KW;
+                for (int j = 0; j < KW; j++) {
+                    __m512 v = _mm512_maskz_loadu_ps(ma[j], row + st[j]);
+                    if (s == 2)
+                        v = _mm512_permutex2var_ps(v, evens, _mm512_maskz_loadu_ps(mb[j], row + st[j] + 16));
+                    if (j & 1)
+                        a1 = _mm512_fmadd_ps(v, _mm512_set1_ps(wr[j]), a1);
+                    else
+                        a0 = _mm512_fmadd_ps(v, _mm512_set1_ps(wr[j]), a0);
+                }
+            }
+            const VF y = SFX(vact)(ep, (VF)_mm512_add_ps(a0, a1));
+            _mm512_mask_storeu_ps(out + (ptrdiff_t)oy * ldo + x0, mo, (__m512)y);
+        }
+    }
+}
+
+/* dw_rows for 3x3 kernels, the nine weights in registers. Stride 1: four output rows at a time, each input row's
+ * three shifted loads serving every output row that reads it (18 loads for 36 multiply-adds); stride 2: a row's
+ * taps 0 and 1 are the even and odd lanes of one pair of loads, tap 2 the even lanes of a pair two floats on. */
+SDRT_INLINE void SFX(dw_rows_3x3)(const float *x, int H, int W, int s, int ph, int pw, const float *w, float bias,
+                                  const sdrt_epilogue *ep, float *out, int OH, int OW, ptrdiff_t ldo) {
+    const __m512 w0 = _mm512_set1_ps(w[0]), w1 = _mm512_set1_ps(w[1]), w2 = _mm512_set1_ps(w[2]);
+    const __m512 w3 = _mm512_set1_ps(w[3]), w4 = _mm512_set1_ps(w[4]), w5 = _mm512_set1_ps(w[5]);
+    const __m512 w6 = _mm512_set1_ps(w[6]), w7 = _mm512_set1_ps(w[7]), w8 = _mm512_set1_ps(w[8]);
+    const __m512 bv = _mm512_set1_ps(bias);
+    for (int x0 = 0; x0 < OW; x0 += 16) {
+        const int n = OW - x0 < 16 ? OW - x0 : 16;
+        const __mmask16 mo = (__mmask16)(0xFFFFu >> (16 - n));
+        const int s0 = x0 * s - pw;
+        if (s == 1) {
+            const __mmask16 m0 = SFX(dw_lanes)(s0, W), m1 = SFX(dw_lanes)(s0 + 1, W), m2 = SFX(dw_lanes)(s0 + 2, W);
+            for (int oy = 0; oy < OH; oy += 4) {
+                __m512 a0 = bv, a1 = bv, a2 = bv, a3 = bv, v0, v1, v2;
+                const float *row;
+#define SDRT_DW3_ROW(t, A)                                     \
+    row = x + (ptrdiff_t)(oy + (t) - ph) * W + s0;             \
+    if (oy + (t) - ph >= 0 && oy + (t) - ph < H) {             \
+        v0 = _mm512_maskz_loadu_ps(m0, row);                   \
+        v1 = _mm512_maskz_loadu_ps(m1, row + 1);               \
+        v2 = _mm512_maskz_loadu_ps(m2, row + 2);               \
+        A                                                      \
+    }
+#define SDRT_DW3_TAP(acc, wa, wb, wc) \
+    acc = _mm512_fmadd_ps(v0, wa, acc); \
+    acc = _mm512_fmadd_ps(v1, wb, acc); \
+    acc = _mm512_fmadd_ps(v2, wc, acc);
+                SDRT_DW3_ROW(0, SDRT_DW3_TAP(a0, w0, w1, w2))
+                SDRT_DW3_ROW(1, SDRT_DW3_TAP(a0, w3, w4, w5) SDRT_DW3_TAP(a1, w0, w1, w2))
+                SDRT_DW3_ROW(2, SDRT_DW3_TAP(a0, w6, w7, w8) SDRT_DW3_TAP(a1, w3, w4, w5) SDRT_DW3_TAP(a2, w0, w1, w2))
+                SDRT_DW3_ROW(3, SDRT_DW3_TAP(a1, w6, w7, w8) SDRT_DW3_TAP(a2, w3, w4, w5) SDRT_DW3_TAP(a3, w0, w1, w2))
+                SDRT_DW3_ROW(4, SDRT_DW3_TAP(a2, w6, w7, w8) SDRT_DW3_TAP(a3, w3, w4, w5))
+                SDRT_DW3_ROW(5, SDRT_DW3_TAP(a3, w6, w7, w8))
+#undef SDRT_DW3_ROW
+                float *o = out + (ptrdiff_t)oy * ldo + x0;
+                _mm512_mask_storeu_ps(o, mo, (__m512)SFX(vact)(ep, (VF)a0));
+                if (oy + 1 < OH)
+                    _mm512_mask_storeu_ps(o + ldo, mo, (__m512)SFX(vact)(ep, (VF)a1));
+                if (oy + 2 < OH)
+                    _mm512_mask_storeu_ps(o + 2 * ldo, mo, (__m512)SFX(vact)(ep, (VF)a2));
+                if (oy + 3 < OH)
+                    _mm512_mask_storeu_ps(o + 3 * ldo, mo, (__m512)SFX(vact)(ep, (VF)a3));
+            }
+        } else {
+            const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+            const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+            const __mmask16 ma = SFX(dw_lanes)(s0, W), mb = SFX(dw_lanes)(s0 + 16, W);
+            const __mmask16 mc = SFX(dw_lanes)(s0 + 2, W), md = SFX(dw_lanes)(s0 + 18, W);
+            for (int oy = 0; oy < OH; oy++) {
+                __m512 a0 = bv, a1 = _mm512_setzero_ps(), v0, v1, v2;
+                const float *row;
+#define SDRT_DW3_ROW2(i, A)                                                                   \
+    row = x + (ptrdiff_t)(2 * oy + (i) - ph) * W + s0;                                         \
+    if (2 * oy + (i) - ph >= 0 && 2 * oy + (i) - ph < H) {                                     \
+        const __m512 lo = _mm512_maskz_loadu_ps(ma, row), hi = _mm512_maskz_loadu_ps(mb, row + 16); \
+        v0 = _mm512_permutex2var_ps(lo, ev, hi);                                               \
+        v1 = _mm512_permutex2var_ps(lo, od, hi);                                               \
+        v2 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mc, row + 2), ev,                    \
+                                    _mm512_maskz_loadu_ps(md, row + 18));                      \
+        A                                                                                      \
+    }
+                SDRT_DW3_ROW2(0, SDRT_DW3_TAP(a0, w0, w1, w2))
+                SDRT_DW3_ROW2(1, SDRT_DW3_TAP(a1, w3, w4, w5))
+                SDRT_DW3_ROW2(2, SDRT_DW3_TAP(a0, w6, w7, w8))
+#undef SDRT_DW3_ROW2
+#undef SDRT_DW3_TAP
+                _mm512_mask_storeu_ps(out + (ptrdiff_t)oy * ldo + x0, mo,
+                                      (__m512)SFX(vact)(ep, (VF)_mm512_add_ps(a0, a1)));
+            }
+        }
+    }
+}
+
+/* dw_rows for 5x5 kernels (MobileNetV3), the 25 weights in registers. Stride 1: two output rows at a time (six
+ * input rows of five shifted loads for 50 multiply-adds); stride 2: a row's even taps 0, 2, 4 and odd taps 1, 3 from
+ * three pairs of loads two floats apart. */
+SDRT_INLINE void SFX(dw_rows_5x5)(const float *x, int H, int W, int s, int ph, int pw, const float *w, float bias,
+                                  const sdrt_epilogue *ep, float *out, int OH, int OW, ptrdiff_t ldo) {
+    __m512 wv[25];
+    SDRT_UNROLL_DW for (int t = 0; t < 25; t++) wv[t] = _mm512_set1_ps(w[t]);
+    const __m512 bv = _mm512_set1_ps(bias);
+    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+    for (int x0 = 0; x0 < OW; x0 += 16) {
+        const int n = OW - x0 < 16 ? OW - x0 : 16;
+        const __mmask16 mo = (__mmask16)(0xFFFFu >> (16 - n));
+        const int s0 = x0 * s - pw;
+        __mmask16 m[6];
+        SDRT_UNROLL_DW for (int j = 0; j < 6; j++) m[j] = SFX(dw_lanes)(s0 + (s == 1 ? j : 2 * (j % 3) + 16 * (j / 3)), W);
+        if (s == 1) {
+            for (int oy = 0; oy < OH; oy += 2) {
+                __m512 a0 = bv, a1 = bv;
+                SDRT_UNROLL_DW for (int t = 0; t < 6; t++) {
+                    const int r = oy + t - ph;
+                    if (r < 0 || r >= H)
+                        continue;
+                    const float *row = x + (ptrdiff_t)r * W + s0;
+                    SDRT_UNROLL_DW for (int j = 0; j < 5; j++) {
+                        const __m512 v = _mm512_maskz_loadu_ps(m[j], row + j);
+                        if (t < 5)
+                            a0 = _mm512_fmadd_ps(v, wv[5 * t + j], a0);
+                        if (t >= 1)
+                            a1 = _mm512_fmadd_ps(v, wv[5 * (t - 1) + j], a1);
+                    }
+                }
+                float *o = out + (ptrdiff_t)oy * ldo + x0;
+                _mm512_mask_storeu_ps(o, mo, (__m512)SFX(vact)(ep, (VF)a0));
+                if (oy + 1 < OH)
+                    _mm512_mask_storeu_ps(o + ldo, mo, (__m512)SFX(vact)(ep, (VF)a1));
+            }
+        } else {
+            for (int oy = 0; oy < OH; oy++) {
+                __m512 a0 = bv, a1 = _mm512_setzero_ps();
+                SDRT_UNROLL_DW for (int i = 0; i < 5; i++) {
+                    const int r = 2 * oy + i - ph;
+                    if (r < 0 || r >= H)
+                        continue;
+                    const float *row = x + (ptrdiff_t)r * W + s0;
+                    SDRT_UNROLL_DW for (int p = 0; p < 3; p++) { /* the pair of loads at 2 p: taps 2 p and 2 p + 1 */
+                        const __m512 lo = _mm512_maskz_loadu_ps(m[p], row + 2 * p);
+                        const __m512 hi = _mm512_maskz_loadu_ps(m[3 + p], row + 2 * p + 16);
+                        a0 = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, ev, hi), wv[5 * i + 2 * p], a0);
+                        if (p < 2)
+                            a1 = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, od, hi), wv[5 * i + 2 * p + 1], a1);
+                    }
+                }
+                _mm512_mask_storeu_ps(out + (ptrdiff_t)oy * ldo + x0, mo,
+                                      (__m512)SFX(vact)(ep, (VF)_mm512_add_ps(a0, a1)));
+            }
+        }
+    }
+}
+
+/* A depthwise conv of one channel plane straight from its unpadded input (H x W floats) to its output rows (ldo
+ * floats apart): output row oy, lanes x0 .. x0 + 15, tap (i, j) reads input row oy s + i - ph at columns
+ * (x0 + lane) s + j - pw, zero-masked outside the image (a masked load reads nothing at its masked lanes); at stride
+ * 2 the tap's 16 values are the even lanes of two loads (one permute). Dilation 1, equal strides 1 or 2, kernels up
+ * to 8 wide. No padded copy of the plane and no copy of the outputs: on small maps the copies cost more than the
+ * taps (a 14 x 14 plane: 28 rows of 14 floats copied for 14 vectors of output). */
+static void SFX(dw_rows)(const float *x, int H, int W, int KH, int KW, int s, int ph, int pw, const float *w,
+                         float bias, const sdrt_epilogue *ep, float *out, int OH, int OW, ptrdiff_t ldo) {
+    if (KW == 3 && KH == 3)
+        SFX(dw_rows_3x3)(x, H, W, s, ph, pw, w, bias, ep, out, OH, OW, ldo);
+    else if (KW == 3)
+        SFX(dw_rows_kw)(x, H, W, KH, 3, s, ph, pw, w, bias, ep, out, OH, OW, ldo);
+    else if (KW == 5 && KH == 5)
+        SFX(dw_rows_5x5)(x, H, W, s, ph, pw, w, bias, ep, out, OH, OW, ldo);
+    else if (KW == 5)
+        SFX(dw_rows_kw)(x, H, W, KH, 5, s, ph, pw, w, bias, ep, out, OH, OW, ldo);
+    else
+        SFX(dw_rows_kw)(x, H, W, KH, KW, s, ph, pw, w, bias, ep, out, OH, OW, ldo);
+}
+#undef SDRT_UNROLL_DW
+#endif
+
 /* dst[r ld + i] = src[r ls + i] for r < rows, i < n: a depthwise conv's image rows into its padded planes and its
  * outputs out of them. Rows of 7 to 112 floats: whole vectors, then one of 8 and one of 4 floats, then the last 4
  * floats again over the ones before (the same values); never a float past n. Compiled with the ISA's moves: in

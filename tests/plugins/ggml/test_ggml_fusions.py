@@ -120,6 +120,11 @@ def test_gemm_bias_after_a_residual_is_not_fused():
     (3, (14, 14), (3, 3), (2, 2), (1, 1)),   # stride 2, short even rows: the plane split at once
     (2, (6, 46), (3, 3), (2, 2), (1, 1)),    # stride 2, rows of 46: the split's last vector overlaps
     (3, (7, 7), (3, 3), (1, 1), (1, 1)),     # 7x7 at stride 1: the run's end as two or four chains
+    (2, (7, 40), (5, 5), (1, 1), (1, 1)),    # 5x5, rows of 40: three vectors a row, the first and last masked
+    (2, (9, 50), (5, 5), (2, 2), (1, 1)),    # 5x5 at stride 2, rows of 50: two vectors a row
+    (2, (11, 35), (3, 3), (2, 2), (1, 1)),   # 3x3 at stride 2, odd rows of 35
+    (2, (9, 20), (7, 7), (1, 1), (1, 1)),    # 7x7 kernel: the masked-load route's general body
+    (2, (10, 21), (3, 5), (2, 2), (1, 1)),   # 3x5 at stride 2
 ])
 def test_native_depthwise_conv(isa, c, hw, k, strides, dil):
     """sdrt-ggml's NCHW depthwise conv with its fused activation, every kernel body this CPU runs,
