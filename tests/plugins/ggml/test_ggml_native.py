@@ -316,20 +316,21 @@ def test_direct_conv_route_on_every_isa(nat, isa, c, h, w, oc, kh, kw, pads, dil
 
 
 @pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon"])
-@pytest.mark.parametrize("c,hw,oc", [
-    (64, (7, 7), 160),   # 49 pixels: tiles of 13 and 12, five whole panels
-    (300, (3, 5), 40),   # K = 300: two K blocks; 40 channels: a panel and 8 of the next
-    (96, (14, 14), 17),  # 14 tiles of 14, one part panel
-    (70, (1, 2), 33),    # two pixels
-    (64, (29, 31), 64),  # 899 pixels: several tile groups
+@pytest.mark.parametrize("c,hw,oc,auto", [
+    (64, (7, 7), 160, True),    # 49 pixels: tiles of 13 and 12, five whole panels
+    (300, (3, 5), 40, True),    # K = 300: two K blocks; 40 channels: a panel and 8 of the next
+    (96, (14, 14), 17, False),  # 14 tiles of 14, one part panel (by default: under COLS_MIN_OC channels)
+    (70, (1, 2), 33, True),     # two pixels
+    (64, (29, 31), 64, True),   # 899 pixels: several tile groups
+    (16, (9, 16), 64, True),    # few input channels, whole panels, in place of the direct route
+    (16, (9, 16), 48, False),   # ... not with a part panel
+    (40, (8, 8), 160, False),   # ... nor past the direct route's channels
 ])
-def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc):
+def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc, auto):
     """The cols route of a float32 pointwise conv (pixels along the tile's rows, output channels along the vectors,
     stored transposed) against onnxruntime, with its residual and clip fused, at batch 1 and 2, 1 to 3 threads:
-    chosen by default with the AVX-512 kernels from COLS_MIN_C input channels, forced by conv_impl="cols" on any
-    ISA (a scalar loop where the ISA has no column kernels)."""
-    from sdrt_ggml.ops.conv_kernels import COLS_MIN_C
-
+    chosen by default with the AVX-512 kernels (``auto``: where cols_ok's rule takes it), forced by
+    conv_impl="cols" on any ISA (a scalar loop where the ISA has no column kernels)."""
     if isa not in nat.available_isas():
         pytest.skip(f"{isa} kernels: not on this CPU or build")
     nodes = [mk("Conv", ["x", "w", "b"], ["y"]), mk("Add", ["y", "r"], ["z"]), mk("Clip", ["z", "lo", "hi"], ["out"])]
@@ -346,7 +347,7 @@ def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc):
                 with compile_ggml(m, conv_impl=impl) as s:
                     hits = dict(s.impl_hits)
                     fused = s.rewrite_hits.get("conv_epilogue")
-                cols = impl == "cols" or (isa == "avx512" and c >= COLS_MIN_C)
+                cols = impl == "cols" or (isa == "avx512" and auto)
                 assert ("conv cols" in hits) == cols and fused == 2, (impl, hits, s.rewrite_hits)
     finally:
         nat.set_isa(None)

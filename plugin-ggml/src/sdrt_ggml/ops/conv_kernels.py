@@ -191,19 +191,27 @@ def direct_ok(lowering: Any, nat: Any, strides: list[int], ow: int, oc: int) -> 
 #: ``ConvSpec.geometry``'s ``padded`` (``sdrt_conv_op``'s params[P_DIRECT]) for the cols route
 COLS = 2
 
-#: input channels from which a float32 pointwise conv takes the cols route where the AVX-512 kernels run: below, its
-#: transposed store costs more than the packing it saves (docs/ggml.md, "Convs")
+#: input channels from which a float32 pointwise conv takes the cols route where the AVX-512 kernels run (no packing
+#: of the input's K x np values a call); with fewer, only where it replaces the direct route's short kernel calls and
+#: fills whole panels; never under COLS_MIN_OC output channels (a panel of 32 half empty or a quarter: the
+#: packed route's columns are pixels). Measured per node: docs/ggml.md, "A fourth pass"
 COLS_MIN_C = 64
+COLS_MIN_OC = 32
 
 
 def cols_ok(lowering: Any, nat: Any, w: Any, strides: list[int], ph: int, pw: int, pixels: int) -> bool:
     """The cols route of the native conv (native/conv.c: output channels along the vectors, the input read in place,
-    W^T packed once) for a float32 stride-1 1x1 conv of 2 or more pixels: by default with the AVX-512 kernels and at
-    least COLS_MIN_C input channels; ``conv_impl="cols"`` forces it (on other ISAs a scalar loop runs it)."""
+    W^T packed once) for a float32 stride-1 1x1 conv of 2 or more pixels, by default with the AVX-512 kernels;
+    ``conv_impl="cols"`` forces it (on other ISAs a scalar loop runs it)."""
     impl = lowering.options.get("conv_impl", "auto")
     if tuple(w.shape[2:]) != (1, 1) or list(strides) != [1, 1] or ph or pw or pixels < 2:
         return False
-    return impl == "cols" or (impl == "auto" and nat.isa == "avx512" and int(w.shape[1]) >= COLS_MIN_C)
+    if impl == "cols":
+        return True
+    oc, c = int(w.shape[0]), int(w.shape[1])
+    if impl != "auto" or nat.isa != "avx512" or oc < COLS_MIN_OC:
+        return False
+    return c >= COLS_MIN_C or (oc <= DIRECT_MAX_OC and oc % 32 == 0)
 
 
 @dataclass(frozen=True)
