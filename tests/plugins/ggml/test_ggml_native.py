@@ -370,6 +370,18 @@ def test_cols_conv_route_scales_its_input_channels(nat, threads):
                              for i in range(ggml.ggml_graph_n_nodes(s._graph))}
 
 
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cols_conv_route_adds_a_runtime_channel_bias(nat, threads):
+    """Conv (cols route) + Add of a runtime (N, OC, 1, 1) tensor (a time embedding): the conv's per-channel bias on
+    the transposed store, no Add op."""
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"]), mk("Add", ["y", "t"], ["out"])]
+    m = make_model(nodes, {"x": ((2, 64, 5, 7), F), "t": ((2, 40, 1, 1), F)}, {"out": (None, F)},
+                   {"w": rand(40, 64, 1, 1) * 0.2, "b": rand(40)})
+    check(m, {"x": rand(2, 64, 5, 7), "t": rand(2, 40, 1, 1, seed=3)}, atol=1e-4, threads=threads, conv_impl="cols")
+    with compile_ggml(m, threads=threads, conv_impl="cols") as s:
+        assert s.impl_hits.get("conv cols") == 1 and s.rewrite_hits.get("conv_epilogue") == 1, s.rewrite_hits
+
+
 def test_cols_conv_follows_update_weights(nat):
     nodes = [mk("Conv", ["x", "w", "b"], ["y"])]
     m = make_model(nodes, {"x": ((1, 64, 3, 4), F)}, {"y": (None, F)}, {"w": rand(40, 64, 1, 1), "b": rand(40)})
