@@ -422,13 +422,6 @@ static int direct_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const fl
 }
 
 /* ---- the cols route: a pointwise conv with output channels along the vectors ---------- */
-/* A float32 1x1 conv of a small plane as out^T = X^T W^T: tiles of up to MR pixels (A: the input read in place by
- * columns, a pixel's input channels np floats apart) against panels of 32 output channels (B: W^T packed once at
- * load, pack_b's panels), the tile stored transposed (NCHW) through the kernel's epilogue. Nothing is packed per
- * call, and a plane of 49 pixels computes 49 columns, not two 32-pixel panels' 64 (the packed route packs the
- * input's K x np values a call: on 7x7 and 14x14 planes with hundreds of input channels, 1.5-1.9x onnxruntime's
- * time at one thread, docs/ggml.md). One unit: panels [q0, q1) against the pixel tiles [t0, t1) of T, each block of
- * K in turn; the block's B rows stay in L1 over the tiles (with a runtime channel scale, a scaled copy of them). */
 /* ckern's product for an ISA without one (the library's ISA pinned after the lowering chose the route) */
 static void cols_tile_scalar(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, const sdrt_tile_out *o) {
     float t[16 * SDRT_NR];
@@ -443,6 +436,13 @@ static void cols_tile_scalar(int K, const float *a, ptrdiff_t lda, const float *
     sdrt_store_tile(t, SDRT_NR, o);
 }
 
+/* A float32 1x1 conv as out^T = X^T W^T: tiles of up to MR pixels (A: the input read in place by
+ * columns, a pixel's input channels np floats apart) against panels of 32 output channels (B: W^T packed once at
+ * load, pack_b's panels), the tile stored transposed (NCHW) through the kernel's epilogue. Nothing is packed per
+ * call, and a plane of 49 pixels computes 49 columns, not two 32-pixel panels' 64 (the packed route packs the
+ * input's K x np values a call: on 7x7 and 14x14 planes with hundreds of input channels, 1.5-1.9x onnxruntime's
+ * time at one thread, docs/ggml.md). One unit: panels [q0, q1) against the pixel tiles [t0, t1) of T, each block of
+ * K in turn; the block's B rows stay in L1 over the tiles (with a runtime channel scale, a scaled copy of them). */
 static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const float *x, const float *wp, int T,
                      const conv_out *co, float *out, int q0, int q1, int t0, int t1) {
     const int np = s->OW, K = s->K;
@@ -609,8 +609,8 @@ SDRT_EXPORT void sdrt_conv_op(void *dst, int ith, int nth, void *userdata) {
     const int np = s.OH * s.OW;
     /* the cols route (params[P_DIRECT] 2): a pointwise conv, W as pack_b's panels of W^T, ne (16, K, 2, panels) */
     const int cols = !bf16 && pr[P_DIRECT] == 2;
-    if (cols && (s.H != 1 || s.KH != 1 || Wt.ne[0] != SDRT_HALF || Wt.ne[1] != s.K || Wt.ne[2] != 2 ||
-                 Wt.ne[3] * SDRT_NR < s.OC))
+    if (cols && (s.H != 1 || s.KH != 1 || s.KW != 1 || s.sw != 1 || s.OW != s.W || Wt.ne[0] != SDRT_HALF ||
+                 Wt.ne[1] != s.K || Wt.ne[2] != 2 || Wt.ne[3] * SDRT_NR < s.OC))
         goto done; /* not the lowering's operands: nothing read past them */
     if (np <= 0 || s.OC <= 0 || s.K <= 0 || (!cols && (int)Wt.ne[1] != s.OC))
         goto done;

@@ -130,6 +130,17 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     /* dilation 1, equal strides 1 or 2: straight from the input where the ISA has masked loads (dw_rows) */
     if (dh == 1 && dw == 1 && sh == sw && sh <= 2 && KW <= 8)
         k.rows = sdrt_ops_dw_rows();
+    if (k.rows && !pairs) { /* into the output itself: no phase planes, no scratch */
+        int n = ith / C, c = ith % C; /* plane ith, then every nth */
+        for (long pl = ith; pl < (long)N * C; pl += nth) {
+            k.rows((const float *)(X.data + (size_t)n * X.nb[3] + (size_t)c * X.nb[2]), H, W, KH, KW, sw, ph, pw,
+                   (const float *)(Wt.data + (size_t)c * Wt.nb[1]), bias ? bias[c] : 0.0f, k.ep,
+                   (float *)(O.data + (size_t)n * O.nb[3] + (size_t)c * O.nb[2]), OH, OW, OW);
+            for (c += nth; c >= C; c -= C)
+                n++;
+        }
+        return;
+    }
     const int Hp = H + 2 * ph, Wp = W + 2 * pw;
     /* 3x3 at stride 1: four output rows a call (dw_3x3), so four rows of slack. Not for padded rows
      * under 16 floats: dw_3x3 rounds each row up to whole vectors and the rows up to four, so a 7x7
@@ -199,15 +210,9 @@ SDRT_EXPORT void sdrt_dwconv_op(void *dst, int ith, int nth, void *userdata) {
     for (long pl = ith; pl < (long)N * C; pl += nth) {
         const float *xp = (const float *)(X.data + (size_t)n * X.nb[3] + (size_t)c * X.nb[2]);
         float *op = (float *)(O.data + (size_t)n * O.nb[3] + (size_t)c * O.nb[2]);
-        const float *wc = (const float *)(Wt.data + (size_t)c * Wt.nb[1]);
-        const float bc = bias ? bias[c] : 0.0f;
+        dw_plane(&k, xp, (const float *)(Wt.data + (size_t)c * Wt.nb[1]), bias ? bias[c] : 0.0f, tmp);
         for (c += nth; c >= C; c -= C)
             n++;
-        if (k.rows) { /* into the output itself */
-            k.rows(xp, H, W, KH, KW, sw, ph, pw, wc, bc, k.ep, op, OH, OW, OW);
-            continue;
-        }
-        dw_plane(&k, xp, wc, bc, tmp);
         k.copy_rows(OH, OW, tmp, k.Wq, op, OW);
     }
 }
