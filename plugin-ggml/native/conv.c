@@ -452,15 +452,7 @@ static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
                            : NULL;
     if (co->cscale && !sb)
         return -1;
-    sdrt_tile_out o;
-    o.ldc = np;
-    o.trans = 1;
-    o.rbias = NULL;
-    o.ldres = np;
-    o.ep = co->ep;
-    o.pfb = NULL;
-    o.pfb_half = 0;
-    o.pfb_rows = 0;
+    sdrt_tile_out o = {.ldc = np, .trans = 1, .ldres = np, .ep = co->ep}; /* no row bias, no B prefetch */
     for (int kb = 0; kb < kblocks; kb++) {
         const int k0 = (int)((long)kb * K / kblocks), k1 = (int)((long)(kb + 1) * K / kblocks), nk = k1 - k0;
         o.acc = kb > 0;

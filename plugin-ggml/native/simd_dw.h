@@ -82,11 +82,18 @@ SDRT_INLINE __mmask16 SFX(dw_lanes)(int start, int W) {
     return hi <= lo ? (__mmask16)0 : (__mmask16)((0xFFFFu >> (16 - hi)) & (0xFFFFu << lo));
 }
 
+/* a stride-2 tap's 16 values: the even (odd) floats of the 32 in lo, hi */
+SDRT_INLINE __m512 SFX(dw_evens)(__m512 lo, __m512 hi) {
+    return _mm512_permutex2var_ps(lo, _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30), hi);
+}
+SDRT_INLINE __m512 SFX(dw_odds)(__m512 lo, __m512 hi) {
+    return _mm512_permutex2var_ps(lo, _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31), hi);
+}
+
 /* dw_rows' body for a kernel KW taps wide (a constant where inlined: 3 and 5 unroll) */
 SDRT_INLINE void SFX(dw_rows_kw)(const float *x, int H, int W, int KH, const int KW, int s, int ph, int pw,
                                  const float *w, float bias, const sdrt_epilogue *ep, float *out, int OH, int OW,
                                  ptrdiff_t ldo) {
-    const __m512i evens = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     __mmask16 ma[8], mb[8];
     int st[8];
     for (int x0 = 0; x0 < OW; x0 += 16) {
@@ -109,7 +116,7 @@ SDRT_INLINE void SFX(dw_rows_kw)(const float *x, int H, int W, int KH, const int
                 for (int j = 0; j < KW; j++) {
                     __m512 v = _mm512_maskz_loadu_ps(ma[j], row + st[j]);
                     if (s == 2)
-                        v = _mm512_permutex2var_ps(v, evens, _mm512_maskz_loadu_ps(mb[j], row + st[j] + 16));
+                        v = SFX(dw_evens)(v, _mm512_maskz_loadu_ps(mb[j], row + st[j] + 16));
                     if (j & 1)
                         a1 = _mm512_fmadd_ps(v, _mm512_set1_ps(wr[j]), a1);
                     else
@@ -169,8 +176,6 @@ SDRT_INLINE void SFX(dw_rows_3x3)(const float *x, int H, int W, int s, int ph, i
                     _mm512_mask_storeu_ps(o + 3 * ldo, mo, (__m512)SFX(vact)(ep, (VF)a3));
             }
         } else {
-            const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-            const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
             const __mmask16 ma = SFX(dw_lanes)(s0, W), mb = SFX(dw_lanes)(s0 + 16, W);
             const __mmask16 mc = SFX(dw_lanes)(s0 + 2, W), md = SFX(dw_lanes)(s0 + 18, W);
             for (int oy = 0; oy < OH; oy++) {
@@ -180,10 +185,9 @@ SDRT_INLINE void SFX(dw_rows_3x3)(const float *x, int H, int W, int s, int ph, i
     row = x + (ptrdiff_t)(2 * oy + (i) - ph) * W + s0;                                         \
     if (2 * oy + (i) - ph >= 0 && 2 * oy + (i) - ph < H) {                                     \
         const __m512 lo = _mm512_maskz_loadu_ps(ma, row), hi = _mm512_maskz_loadu_ps(mb, row + 16); \
-        v0 = _mm512_permutex2var_ps(lo, ev, hi);                                               \
-        v1 = _mm512_permutex2var_ps(lo, od, hi);                                               \
-        v2 = _mm512_permutex2var_ps(_mm512_maskz_loadu_ps(mc, row + 2), ev,                    \
-                                    _mm512_maskz_loadu_ps(md, row + 18));                      \
+        v0 = SFX(dw_evens)(lo, hi);                                                            \
+        v1 = SFX(dw_odds)(lo, hi);                                                             \
+        v2 = SFX(dw_evens)(_mm512_maskz_loadu_ps(mc, row + 2), _mm512_maskz_loadu_ps(md, row + 18)); \
         A                                                                                      \
     }
                 SDRT_DW3_ROW2(0, SDRT_DW3_TAP(a0, w0, w1, w2))
@@ -206,8 +210,6 @@ SDRT_INLINE void SFX(dw_rows_5x5)(const float *x, int H, int W, int s, int ph, i
     __m512 wv[25];
     SDRT_UNROLL_DW for (int t = 0; t < 25; t++) wv[t] = _mm512_set1_ps(w[t]);
     const __m512 bv = _mm512_set1_ps(bias);
-    const __m512i ev = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-    const __m512i od = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
     for (int x0 = 0; x0 < OW; x0 += 16) {
         const int n = OW - x0 < 16 ? OW - x0 : 16;
         const __mmask16 mo = (__mmask16)(0xFFFFu >> (16 - n));
@@ -246,9 +248,9 @@ SDRT_INLINE void SFX(dw_rows_5x5)(const float *x, int H, int W, int s, int ph, i
                     SDRT_UNROLL_DW for (int p = 0; p < 3; p++) { /* the pair of loads at 2 p: taps 2 p and 2 p + 1 */
                         const __m512 lo = _mm512_maskz_loadu_ps(m[p], row + 2 * p);
                         const __m512 hi = _mm512_maskz_loadu_ps(m[3 + p], row + 2 * p + 16);
-                        a0 = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, ev, hi), wv[5 * i + 2 * p], a0);
+                        a0 = _mm512_fmadd_ps(SFX(dw_evens)(lo, hi), wv[5 * i + 2 * p], a0);
                         if (p < 2)
-                            a1 = _mm512_fmadd_ps(_mm512_permutex2var_ps(lo, od, hi), wv[5 * i + 2 * p + 1], a1);
+                            a1 = _mm512_fmadd_ps(SFX(dw_odds)(lo, hi), wv[5 * i + 2 * p + 1], a1);
                     }
                 }
                 _mm512_mask_storeu_ps(out + (ptrdiff_t)oy * ldo + x0, mo,
