@@ -52,6 +52,7 @@ class Native:
     pad_op: Any  # ... at sdrt_pad_op
     winograd_op: Any  # ... at sdrt_winograd_op
     pair_pad_op: Any  # ... at sdrt_pair_pad_op
+    im2col_op: Any  # ... at sdrt_im2col_op
 
     @property
     def isa(self) -> str:
@@ -175,7 +176,8 @@ def _load() -> tuple[Native | None, str]:
         return None, (f"ggml-python's ggml_tensor layout does not match what the kernels read ({why}); "
                       f"ggml-python {_ggml_version()} is not a version sdrt-ggml was checked with")
     ops = [g.ggml_custom_op_t(ctypes.cast(getattr(lib, f), ctypes.c_void_p).value) for f in ("sdrt_gemm_op", "sdrt_conv_op", "sdrt_pad_op",
-                                                                                  "sdrt_winograd_op", "sdrt_pair_pad_op")]
+                                                                                  "sdrt_winograd_op", "sdrt_pair_pad_op",
+                                                                                  "sdrt_im2col_op")]
     n = Native(lib, str(path), *ops)
     want = os.environ.get("SDRT_GGML_GEMM_ISA")
     try:
@@ -599,6 +601,15 @@ def pad_op(nat: Native, g: Any, ctx: Any, x: Any, params: Any, *, out_ne: tuple[
     arr = (ctypes.POINTER(g.ggml_tensor) * 2)(x, params)
     out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, 2, nat.pad_op, g.GGML_N_TASKS_MAX, None)
     g.ggml_set_name(out, b"sdrt_pad")
+    return out
+
+
+def im2col_op(nat: Native, g: Any, ctx: Any, x: Any, params: Any, *, out_ne: tuple[int, int, int, int]) -> Any:
+    """The patches of ``x`` (ne (W, H, C, N), contiguous) as ne ``out_ne`` (OW, OH, C*KH*KW, N) by ``sdrt_im2col_op``,
+    ``params`` int32 [KH, KW, sh, sw, dh, dw, ph, pw]: the cols route's input for a kxk conv (native/im2col.c)."""
+    arr = (ctypes.POINTER(g.ggml_tensor) * 2)(x, params)
+    out = g.ggml_custom_4d(ctx, g.GGML_TYPE_F32, *out_ne, arr, 2, nat.im2col_op, g.GGML_N_TASKS_MAX, None)
+    g.ggml_set_name(out, b"sdrt_im2col")
     return out
 
 

@@ -395,6 +395,63 @@ def test_cols_conv_follows_update_weights(nat):
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon"])
+@pytest.mark.parametrize("c,hw,oc,k,attrs,auto", [
+    (64, (4, 4), 64, 3, {"pads": [1, 1, 1, 1]}, True),                        # a UNet's bottom level: 16 pixels
+    (32, (8, 8), 48, 3, {"pads": [1, 1, 1, 1]}, True),                        # 64 pixels, a part panel of 16
+    (40, (5, 7), 24, 3, {"pads": [1, 1, 1, 1]}, False),                       # under COLS_MIN_OC: not by default
+    (16, (9, 9), 32, 3, {"strides": [2, 2], "pads": [1, 1, 1, 1]}, True),     # stride 2: 5x5 out
+    (24, (7, 6), 40, 5, {"dilations": [2, 2], "pads": [4, 4, 4, 4]}, True),   # 5x5 dilated, pads wider than taps
+    (48, (10, 10), 32, 1, {"strides": [2, 2]}, True),                         # a strided 1x1 (a shortcut's)
+    (32, (12, 12), 32, 3, {"pads": [1, 1, 1, 1]}, False),                     # 144 pixels: Winograd by default
+    (96, (3, 5), 40, 3, {"pads": [0, 1, 0, 1]}, True),                        # K = 864: four K blocks; no row pads
+])
+def test_cols_conv_over_patches_on_every_isa(nat, isa, c, hw, oc, k, attrs, auto):
+    """A conv that the pointwise cols route does not take, on the cols route over its patches (native/im2col.c: K
+    rows of pixels, then a 1x1 conv of K channels) against onnxruntime, with its residual and clip fused, at batch 1
+    and 2, 1 to 3 threads: by default on small maps with the AVX-512 kernels (``auto``: cols_kxk_ok's rule), forced by
+    conv_impl="cols" on any ISA."""
+    if isa not in nat.available_isas():
+        pytest.skip(f"{isa} kernels: not on this CPU or build")
+    st, pads, dil = attrs.get("strides", [1, 1]), attrs.get("pads", [0, 0, 0, 0]), attrs.get("dilations", [1, 1])
+    oh = (hw[0] + pads[0] + pads[2] - dil[0] * (k - 1) - 1) // st[0] + 1
+    ow = (hw[1] + pads[1] + pads[3] - dil[1] * (k - 1) - 1) // st[1] + 1
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], **attrs), mk("Add", ["y", "r"], ["z"]),
+             mk("Clip", ["z", "lo", "hi"], ["out"])]
+    inits = {"w": rand(oc, c, k, k) * (2 / (c * k * k)) ** 0.5, "b": rand(oc), "lo": np.array(-1.5, np.float32),
+             "hi": np.array(2.5, np.float32)}
+    try:
+        nat.set_isa(isa)
+        for n in (1, 2):
+            m = make_model(nodes, {"x": ((n, c, *hw), F), "r": ((n, oc, oh, ow), F)}, {"out": (None, F)}, inits)
+            feeds = {"x": rand(n, c, *hw), "r": rand(n, oc, oh, ow, seed=3)}
+            for impl in ("auto", "cols"):
+                for threads in (1, 2, 3):
+                    check(m, feeds, atol=1e-4, conv_impl=impl, threads=threads)
+                with compile_ggml(m, conv_impl=impl) as s:
+                    hits = dict(s.impl_hits)
+                    fused = s.rewrite_hits.get("conv_epilogue")
+                    patches = _gemm_nodes(s, b"sdrt_im2col")
+                cols = impl == "cols" or (isa == "avx512" and auto)
+                assert ("conv cols over patches" in hits) == cols and fused == 2, (impl, hits, s.rewrite_hits)
+                assert patches == int(cols)
+    finally:
+        nat.set_isa(None)
+
+
+def test_cols_conv_over_patches_follows_update_weights(nat):
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
+    m = make_model(nodes, {"x": ((1, 32, 4, 5), F)}, {"y": (None, F)}, {"w": rand(40, 32, 3, 3), "b": rand(40)})
+    new = {"w": rand(40, 32, 3, 3, seed=2), "b": rand(40, seed=3)}
+    m2 = make_model(nodes, {"x": ((1, 32, 4, 5), F)}, {"y": (None, F)}, new)
+    x = rand(1, 32, 4, 5)
+    want = check(m2, {"x": x}, atol=1e-4)["y"]
+    with compile_ggml(m, conv_impl="cols") as s:
+        assert s.impl_hits.get("conv cols over patches") == 1
+        s.update_weights(_Weights(new))
+        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
+
+
 def test_implicit_conv_follows_update_weights(nat):
     nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
     m = make_model(nodes, {"x": ((1, 4, 8, 9), F)}, {"y": (None, F)}, {"w": rand(6, 4, 3, 3), "b": rand(6)})

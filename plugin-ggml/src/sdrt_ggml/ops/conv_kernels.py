@@ -214,6 +214,25 @@ def cols_ok(lowering: Any, nat: Any, w: Any, strides: list[int], ph: int, pw: in
     return c >= COLS_MIN_C or (oc <= DIRECT_MAX_OC and oc % 32 == 0)
 
 
+#: output pixels up to which a float32 kxk conv (or a strided or padded 1x1 one) takes the cols route over its
+#: patches (native/im2col.c) where the AVX-512 kernels run: on maps this small the pixel-panel routes fill a
+#: fraction of their 32 columns (Winograd's 2x2 tiles: 4 of them at 4x4). Measured: docs/ggml.md, "Small maps"
+COLS_KXK_MAX_PIXELS = 64
+
+
+def cols_kxk_ok(lowering: Any, nat: Any, w: Any, pixels: int) -> bool:
+    """The cols route over the input's patches for a float32 conv with a constant kernel that ``cols_ok`` does not
+    take: on maps of at most COLS_KXK_MAX_PIXELS output pixels and COLS_MIN_OC output channels with the AVX-512
+    kernels, and for every such conv with ``conv_impl="cols"``."""
+    impl = lowering.options.get("conv_impl", "auto")
+    if not isinstance(w, np.ndarray) or nat is None or bf16_conv(lowering, int(w.shape[0])):
+        return False
+    if impl == "cols":
+        return True
+    return (impl == "auto" and nat.isa == "avx512" and int(w.shape[0]) >= COLS_MIN_OC
+            and pixels <= COLS_KXK_MAX_PIXELS)
+
+
 @dataclass(frozen=True)
 class ConvSpec:
     """A native conv as emitted, and what its epilogue does: the fusion rewrites (rewrites_epilogue.py)
@@ -283,13 +302,17 @@ WINOGRAD_MIN_C = 32
 WINOGRAD_MIN_OC = 32
 
 
-def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int]) -> bool:
+def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int], pixels: int) -> bool:
     """Winograd F(2x2, 3x3) (native/winograd.c) for 3x3 stride-1 convs with enough channels on both
-    sides, unless ``conv_impl`` names another route (``"winograd"`` forces it for any channel count)."""
+    sides and more output pixels than the cols route takes, unless ``conv_impl`` names another route
+    (``"winograd"`` forces it for any channel count and map)."""
     impl = lowering.options.get("conv_impl", "auto")
     if impl not in ("auto", "winograd") or not isinstance(w, np.ndarray) or w.shape[2:] != (3, 3):
         return False
-    if list(strides) != [1, 1] or list(dil) != [1, 1] or native.for_lowering(lowering) is None:
+    nat = native.for_lowering(lowering)
+    if list(strides) != [1, 1] or list(dil) != [1, 1] or nat is None:
+        return False
+    if impl == "auto" and cols_kxk_ok(lowering, nat, w, pixels):
         return False
     if bf16_conv(lowering, int(w.shape[0])):
         return False  # float32 only: the implicit GEMM's bf16 products instead
@@ -385,13 +408,22 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
         spec = ConvSpec(x.ptr, wt.ptr, (1, 1, (1, 1), (1, 1), 0, 0, COLS), out_shape,
                         bias=b.ptr if b is not None else None, cscale=cscale)
         return conv_emit(lowering, spec)
+    pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
+    if not bf16 and cscale is None and not pointwise and cols_kxk_ok(lowering, nat, w, oh * ow):
+        # the cols route over the patches: a 1x1 conv of K channels on the output map
+        wt = lowering.const(w, transform=lambda a: native.pack_b(a.reshape(oc, k)), tag="oihwP32")
+        prm = lowering.const(np.array([kh, kw, *strides, *dil, ph, pw], np.int32))
+        src = native.im2col_op(nat, ggml_lib(), lowering.ctx, x.ptr, prm.ptr, out_ne=(ow, oh, k, n))
+        lowering.used("conv cols over patches")
+        spec = ConvSpec(src, wt.ptr, (1, 1, (1, 1), (1, 1), 0, 0, COLS), out_shape,
+                        bias=b.ptr if b is not None else None)
+        return conv_emit(lowering, spec)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
         ld = native.row_stride(k)
         wt = lowering.const(w, transform=lambda a: np.pad(a.reshape(oc, k), [(0, 0), (0, ld - k)]), tag=f"rows{ld}")
     src = x.ptr
-    pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
     # a pointwise conv runs its plane as one row (native/conv.c): slices of it need no pads
     padded = direct_ok(lowering, nat, strides, oh * ow if pointwise else ow, oc) and cscale is None
     if padded and pointwise and (oh * ow) % nat.nr:

@@ -130,7 +130,7 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
         fused = isinstance(bias, np.ndarray) and nat is not None  # the native GEMM adds it as it stores
         y = conv_pointwise(lowering, x, wt, (n, oc, oh, ow), kp, w, bias if fused else None)
         bias = None if fused else bias
-    elif implicit_ok(lowering, w, group) and winograd_ok(lowering, w, strides, dil):
+    elif implicit_ok(lowering, w, group) and winograd_ok(lowering, w, strides, dil, oh * ow):
         fused = isinstance(bias, np.ndarray)
         y = conv_winograd(lowering, x, w, bias if fused else None, ph, pw, (n, oc, oh, ow))
         bias = None if fused else bias
