@@ -687,7 +687,9 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
 /* A stored by columns (k512c: A(i, k) = a[k lda + i], a NCHW plane's pixels i of input channel k, read in place by
  * the pointwise conv's cols route, native/conv.c): a k step's MR broadcasts are consecutive floats, fixed
  * displacements from one pointer that steps lda floats a k; the rows R512C_AHEAD k steps on are prefetched (one or
- * two lines a step, lda apart: a stride the hardware's prefetchers may not follow across pages). */
+ * two lines a step, lda apart: a stride the hardware's prefetchers may not follow across pages), and B's two lines
+ * 16 k steps on (a kxk conv's patches on a small map: B, the weights, streams from L3 once a call; 0.90 of the
+ * time for a 512 -> 256 3x3 conv at 4 x 4, neutral on the MobileNets' pointwise convs). */
 #define R512C_AHEAD 8
 #define R512C_STEP(i) \
     if (mr_ > i) { \
@@ -746,6 +748,8 @@ INLINE_AVX512 void store512(const __m512 *c0, const __m512 *c1, int MR, const sd
             const __m512 b1 = _mm512_loadu_ps(b + bh + (ptrdiff_t)k * SDRT_HALF); \
             _mm_prefetch((const char *)(ap + R512C_AHEAD * lda), _MM_HINT_T0); \
             _mm_prefetch((const char *)(ap + R512C_AHEAD * lda + mr_ - 1), _MM_HINT_T0); \
+            _mm_prefetch((const char *)(b + (ptrdiff_t)(k + 16) * SDRT_HALF), _MM_HINT_T0); \
+            _mm_prefetch((const char *)(b + bh + (ptrdiff_t)(k + 16) * SDRT_HALF), _MM_HINT_T0); \
             R512_ALL(R512C_STEP) \
         } \
         __m512 c0[MR], c1[MR]; \
