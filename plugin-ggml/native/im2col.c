@@ -45,17 +45,25 @@ SDRT_EXPORT void sdrt_im2col_op(void *dst, int ith, int nth, void *userdata) {
     const int KH = pr[0], KW = pr[1], sh = pr[2], sw = pr[3], dh = pr[4], dw = pr[5], ph = pr[6], pw = pr[7];
     const int W = (int)X.ne[0], H = (int)X.ne[1], C = (int)X.ne[2], N = (int)X.ne[3];
     const int OW = (int)D.ne[0], OH = (int)D.ne[1];
-    if (KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 ||
-        D.ne[2] != (int64_t)C * KH * KW || D.ne[3] != N || (OH - 1) * sh + (KH - 1) * dh >= H + 2 * ph ||
-        (OW - 1) * sw + (KW - 1) * dw >= W + 2 * pw)
-        return; /* not the lowering's operands: nothing read past the image */
+    /* the lowering's operands or nothing: float32 rows W apart, every tap inside the padded plane (64-bit sums:
+     * no params wrap past the test), dst's channels and items those of the patches. On a mismatch dst is left as
+     * it was (the contract's callers never pass one; conv.c does the same) */
+    if (KH < 1 || KW < 1 || sh < 1 || sw < 1 || dh < 1 || dw < 1 || ph < 0 || pw < 0 || OW < 1 || OH < 1 ||
+        X.nb[0] != sizeof(float) || X.nb[1] != (size_t)W * sizeof(float) || D.nb[0] != sizeof(float) ||
+        D.ne[2] != (int64_t)C * KH * KW || D.ne[3] != N ||
+        (int64_t)(OH - 1) * sh + (int64_t)(KH - 1) * dh >= (int64_t)H + 2 * (int64_t)ph ||
+        (int64_t)(OW - 1) * sw + (int64_t)(KW - 1) * dw >= (int64_t)W + 2 * (int64_t)pw ||
+        ((int64_t)W + 2 * (int64_t)pw) * ((int64_t)H + 2 * (int64_t)ph) > ((int64_t)1 << 30))
+        return;
+    const long planes = (long)C * N;
+    if (ith >= planes)
+        return;
     /* a plane zero-padded in this thread's buffer, then each tap's rows copied from it with no bounds to test */
     const int Wp = W + 2 * pw, Hp = H + 2 * ph;
     float *pad = sdrt_thread_buffer(2, (size_t)Wp * Hp * sizeof(float));
     if (!pad)
         return;
     memset(pad, 0, (size_t)Wp * Hp * sizeof(float));
-    const long planes = (long)C * N;
     for (long p = ith; p < planes; p += nth) {
         const int n = (int)(p / C), c = (int)(p % C);
         const float *s = (const float *)(X.data + c * X.nb[2] + n * X.nb[3]);

@@ -405,6 +405,7 @@ def test_cols_conv_follows_update_weights(nat):
     (48, (10, 10), 32, 1, {"strides": [2, 2]}, True),                         # a strided 1x1 (a shortcut's)
     (32, (12, 12), 32, 3, {"pads": [1, 1, 1, 1]}, False),                     # 144 pixels: Winograd by default
     (96, (3, 5), 40, 3, {"pads": [0, 1, 0, 1]}, True),                        # K = 864: four K blocks; no row pads
+    (32, (1, 1), 32, 3, {"pads": [1, 1, 1, 1]}, True),                        # one pixel: one tile of one
 ])
 def test_cols_conv_over_patches_on_every_isa(nat, isa, c, hw, oc, k, attrs, auto):
     """A conv that the pointwise cols route does not take, on the cols route over its patches (native/im2col.c: K
@@ -437,6 +438,20 @@ def test_cols_conv_over_patches_on_every_isa(nat, isa, c, hw, oc, k, attrs, auto
                 assert patches == int(cols)
     finally:
         nat.set_isa(None)
+
+
+def test_cols_conv_over_patches_leaves_a_gated_conv_to_the_packed_route(nat):
+    """A squeeze-excitation gate before a 3x3 conv: the packed route scales the input channels as it packs them; the
+    patches' K rows have no such scale, so conv_impl="cols" leaves this conv to the packed route."""
+    n, c, h, w = 2, 32, 4, 4
+    nodes = [mk("GlobalAveragePool", ["x"], ["p"]), mk("Conv", ["p", "w1", "b1"], ["q"]), mk("Sigmoid", ["q"], ["gate"]),
+             mk("Mul", ["x", "gate"], ["xs"]), mk("Conv", ["xs", "w3", "b3"], ["out"], pads=[1, 1, 1, 1])]
+    inits = {"w1": rand(c, c, 1, 1) * 0.2, "b1": rand(c), "w3": rand(40, c, 3, 3) * 0.1, "b3": rand(40, seed=3)}
+    m = make_model(nodes, {"x": ((n, c, h, w), F)}, {"out": (None, F)}, inits)
+    check(m, {"x": rand(n, c, h, w) * 2}, atol=1e-4, conv_impl="cols")
+    with compile_ggml(m, conv_impl="cols") as s:
+        # both convs packed-route ones: the gate's 1x1 conv of one pixel (dot products) and the gated 3x3
+        assert s.impl_hits.get("conv implicit") == 2 and _gemm_nodes(s, b"sdrt_im2col") == 0, s.impl_hits
 
 
 def test_cols_conv_over_patches_follows_update_weights(nat):

@@ -216,14 +216,15 @@ def cols_ok(lowering: Any, nat: Any, w: Any, strides: list[int], ph: int, pw: in
 
 #: output pixels up to which a float32 kxk conv (or a strided or padded 1x1 one) takes the cols route over its
 #: patches (native/im2col.c) where the AVX-512 kernels run: on maps this small the pixel-panel routes fill a
-#: fraction of their 32 columns (Winograd's 2x2 tiles: 4 of them at 4x4). Measured: docs/ggml.md, "Small maps"
+#: fraction of their 32 columns (Winograd's 2x2 tiles: 4 of them at 4x4). Measured: docs/ggml.md, "A fifth pass"
 COLS_KXK_MAX_PIXELS = 64
 
 
 def cols_kxk_ok(lowering: Any, nat: Any, w: Any, pixels: int) -> bool:
-    """The cols route over the input's patches for a float32 conv with a constant kernel that ``cols_ok`` does not
-    take: on maps of at most COLS_KXK_MAX_PIXELS output pixels and COLS_MIN_OC output channels with the AVX-512
-    kernels, and for every such conv with ``conv_impl="cols"``."""
+    """The cols route over the input's patches for a float32 group-1 conv with a constant kernel that ``cols_ok`` does
+    not take (a caller leaves out convs with a runtime input-channel scale): on maps of at most COLS_KXK_MAX_PIXELS
+    output pixels and COLS_MIN_OC output channels with the AVX-512 kernels, and for every such conv with
+    ``conv_impl="cols"`` (no size bound: a 3x3 conv of 128 channels at 512 x 512 writes 1.2 GB of patches)."""
     impl = lowering.options.get("conv_impl", "auto")
     if not isinstance(w, np.ndarray) or nat is None or bf16_conv(lowering, int(w.shape[0])):
         return False
