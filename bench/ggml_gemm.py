@@ -24,8 +24,8 @@ so that the cores are awake again when the timed calls start):
   bench VAE's and UNet's 3x3 conv sizes and two full-size ones, through sdrt-ggml and
   onnxruntime as above: milliseconds, effective GFLOPS (direct-conv flops, 2*OC*H*W*C*9,
   also for Winograd, which does fewer), ``sdrt/ort``, the error against onnxruntime, and the
-  route the lowering chose for the conv (the session's ``impl_hits``: direct, implicit GEMM
-  or Winograd).
+  route the lowering chose for the conv (the session's ``impl_hits``: direct, implicit GEMM,
+  Winograd, or ``cols_over_patches`` on the small maps).
 - ``attention``: ggml flash attention against scores by ``ggml_out_prod`` or
   ``mul_mat`` followed by softmax and ``mul_mat``, at the bench UNet's head sizes.
 - ``models`` (not in the default set; ``--sections models --models unet --size full``): whole
@@ -269,7 +269,8 @@ def conv(threads: int, rounds: int, warmup_ms: float = 30.0) -> None:
         ours, ort = _sdrt_session(model, threads), _ort_session(model, threads)
         feeds = {"x": x}
         err = max_rel_err([ours.run(feeds)["y"]], ort.run(None, feeds))
-        route = ",".join(sorted(k.removeprefix("conv ") for k in ours.impl_hits if k.startswith("conv"))) or "ggml"
+        route = ",".join(sorted(k.removeprefix("conv ").replace(" ", "_") for k in ours.impl_hits
+                                if k.startswith("conv"))) or "ggml"  # one word: the table's columns split on spaces
         fns = _compute_runners(ours, ort, feeds, "y", (1, oc, hw, hw))
         keep = fns.pop("_keep")
         times = _paired(fns, rounds, warmup_ms)

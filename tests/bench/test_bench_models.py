@@ -122,7 +122,9 @@ def test_ggml_kernel_microbenchmark_runs(registry, monkeypatch, capsys):
     registry.register_plugin(sdrt_ggml, "ggml")  # the gemm and conv sections load through sdrt.load
 
     monkeypatch.setattr(ggml_gemm, "GEMMS", [(64, 32, 16, "tiny matmul")])  # M, K, N
-    monkeypatch.setattr(ggml_gemm, "CONVS", [(16, 8, 16, "tiny conv"), (32, 8, 32, "tiny winograd")])  # C, HW, OC
+    # C, HW, OC; Winograd above 64 output pixels (below, with the AVX-512 kernels, the cols route over patches)
+    monkeypatch.setattr(ggml_gemm, "CONVS", [(16, 8, 16, "tiny conv"), (32, 12, 32, "tiny winograd"),
+                                             (32, 4, 32, "tiny patches")])
     monkeypatch.setattr(ggml_gemm, "ATTENTION", [(32, 16, 8, 2)])
     monkeypatch.setattr(ggml_gemm.time, "sleep", lambda s: None)
     assert ggml_gemm.main(["--threads", "1", "--rounds", "1"]) == 0
@@ -131,10 +133,14 @@ def test_ggml_kernel_microbenchmark_runs(registry, monkeypatch, capsys):
     assert "64 x 32 x 16" in out and "16 x 8 x 16" in out and "32 x 16 x 8 x 2" in out
     assert out.count("after 30 ms of untimed ones") == 2  # each contender warms up before its timed calls
     rows = {what: next(line.split() for line in out.splitlines() if line.endswith(what))
-            for what in ("tiny matmul", "tiny conv", "tiny winograd")}
+            for what in ("tiny matmul", "tiny conv", "tiny winograd", "tiny patches")}
     assert rows["tiny conv"][-3] in ("direct", "implicit") and rows["tiny winograd"][-3] == "winograd"
+    from sdrt_ggml import native as ggml_native
+
+    avx512 = ggml_native.native().isa == "avx512"
+    assert rows["tiny patches"][-3] == ("cols_over_patches" if avx512 else "winograd")
     # sdrt agrees with onnxruntime (the error column: before the words, and before the route for convs)
-    assert max(float(rows["tiny matmul"][-3]), float(rows["tiny conv"][-4]), float(rows["tiny winograd"][-4])) < 1e-4
+    assert max(float(rows["tiny matmul"][-3]), *(float(rows[w][-4]) for w in ("tiny conv", "tiny winograd", "tiny patches"))) < 1e-4
 
 
 def test_unet_batch_axis_can_be_dynamic_with_rows_kept_apart():
