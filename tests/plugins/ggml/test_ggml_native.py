@@ -382,15 +382,19 @@ def test_cols_conv_route_adds_a_runtime_channel_bias(nat, threads):
         assert s.impl_hits.get("conv cols") == 1 and s.rewrite_hits.get("conv_epilogue") == 1, s.rewrite_hits
 
 
-def test_cols_conv_follows_update_weights(nat):
-    nodes = [mk("Conv", ["x", "w", "b"], ["y"])]
-    m = make_model(nodes, {"x": ((1, 64, 3, 4), F)}, {"y": (None, F)}, {"w": rand(40, 64, 1, 1), "b": rand(40)})
-    new = {"w": rand(40, 64, 1, 1, seed=2), "b": rand(40, seed=3)}
-    m2 = make_model(nodes, {"x": ((1, 64, 3, 4), F)}, {"y": (None, F)}, new)
-    x = rand(1, 64, 3, 4)
+@pytest.mark.parametrize("c,hw,k,pads,route", [
+    (64, (3, 4), 1, [0, 0, 0, 0], "conv cols"),               # pointwise: W^T read with the input in place
+    (32, (4, 5), 3, [1, 1, 1, 1], "conv cols over patches"),  # 3x3: the same W^T panels over the patches
+])
+def test_cols_conv_follows_update_weights(nat, c, hw, k, pads, route):
+    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=pads)]
+    m = make_model(nodes, {"x": ((1, c, *hw), F)}, {"y": (None, F)}, {"w": rand(40, c, k, k), "b": rand(40)})
+    new = {"w": rand(40, c, k, k, seed=2), "b": rand(40, seed=3)}
+    m2 = make_model(nodes, {"x": ((1, c, *hw), F)}, {"y": (None, F)}, new)
+    x = rand(1, c, *hw)
     want = check(m2, {"x": x}, atol=1e-4)["y"]
     with compile_ggml(m, conv_impl="cols") as s:
-        assert s.impl_hits.get("conv cols") == 1
+        assert s.impl_hits.get(route) == 1
         s.update_weights(_Weights(new))
         np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
 
@@ -452,19 +456,6 @@ def test_cols_conv_over_patches_leaves_a_gated_conv_to_the_packed_route(nat):
     with compile_ggml(m, conv_impl="cols") as s:
         # both convs packed-route ones: the gate's 1x1 conv of one pixel (dot products) and the gated 3x3
         assert s.impl_hits.get("conv implicit") == 2 and _gemm_nodes(s, b"sdrt_im2col") == 0, s.impl_hits
-
-
-def test_cols_conv_over_patches_follows_update_weights(nat):
-    nodes = [mk("Conv", ["x", "w", "b"], ["y"], pads=[1, 1, 1, 1])]
-    m = make_model(nodes, {"x": ((1, 32, 4, 5), F)}, {"y": (None, F)}, {"w": rand(40, 32, 3, 3), "b": rand(40)})
-    new = {"w": rand(40, 32, 3, 3, seed=2), "b": rand(40, seed=3)}
-    m2 = make_model(nodes, {"x": ((1, 32, 4, 5), F)}, {"y": (None, F)}, new)
-    x = rand(1, 32, 4, 5)
-    want = check(m2, {"x": x}, atol=1e-4)["y"]
-    with compile_ggml(m, conv_impl="cols") as s:
-        assert s.impl_hits.get("conv cols over patches") == 1
-        s.update_weights(_Weights(new))
-        np.testing.assert_allclose(s.run({"x": x})["y"], want, rtol=1e-4, atol=1e-4)
 
 
 def test_implicit_conv_follows_update_weights(nat):

@@ -402,22 +402,20 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     if pairs_ok(lowering, nat, c, oc, strides, cscale):
         return conv_pairs(lowering, x, w, b, dil, ph, pw, out_shape)
     bf16 = bf16_conv(lowering, oc)
-    if not bf16 and cols_ok(lowering, nat, w, strides, ph, pw, oh * ow):
-        # the cols route: W^T as pack_b's panels (shared with the pointwise GEMM's, conv_layout.conv_gemm)
-        wt = lowering.const(w, transform=lambda a: native.pack_b(a.reshape(oc, k)), tag="oihwP32")
-        lowering.used("conv cols")
-        spec = ConvSpec(x.ptr, wt.ptr, (1, 1, (1, 1), (1, 1), 0, 0, COLS), out_shape,
-                        bias=b.ptr if b is not None else None, cscale=cscale)
-        return conv_emit(lowering, spec)
     pointwise = kh == kw == 1 and ph == pw == 0 and list(strides) == [1, 1]
-    if not bf16 and cscale is None and not pointwise and cols_kxk_ok(lowering, nat, w, oh * ow):
-        # the cols route over the patches: a 1x1 conv of K channels on the output map
+    # the cols route, on the input itself (a pointwise conv) or on its patches (a 1x1 conv of K channels on the
+    # output map; no runtime channel scale, which the patches' K rows do not have)
+    patches = not bf16 and cscale is None and not pointwise and cols_kxk_ok(lowering, nat, w, oh * ow)
+    if patches or (not bf16 and cols_ok(lowering, nat, w, strides, ph, pw, oh * ow)):
+        # W^T as pack_b's panels (shared with the pointwise GEMM's, conv_layout.conv_gemm)
         wt = lowering.const(w, transform=lambda a: native.pack_b(a.reshape(oc, k)), tag="oihwP32")
-        prm = lowering.const(np.array([kh, kw, *strides, *dil, ph, pw], np.int32))
-        src = native.im2col_op(nat, ggml_lib(), lowering.ctx, x.ptr, prm.ptr, out_ne=(ow, oh, k, n))
-        lowering.used("conv cols over patches")
+        src = x.ptr
+        if patches:
+            prm = lowering.const(np.array([kh, kw, *strides, *dil, ph, pw], np.int32))
+            src = native.im2col_op(nat, ggml_lib(), lowering.ctx, x.ptr, prm.ptr, out_ne=(ow, oh, k, n))
+        lowering.used("conv cols over patches" if patches else "conv cols")
         spec = ConvSpec(src, wt.ptr, (1, 1, (1, 1), (1, 1), 0, 0, COLS), out_shape,
-                        bias=b.ptr if b is not None else None)
+                        bias=b.ptr if b is not None else None, cscale=cscale)
         return conv_emit(lowering, spec)
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
