@@ -471,19 +471,25 @@ static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
                 b = sb;
                 bh = (ptrdiff_t)nk * SDRT_HALF;
             }
-            const int ch0 = q * SDRT_NR;
-            o.n = s->OC - ch0 < SDRT_NR ? s->OC - ch0 : SDRT_NR;
-            o.bias = co->rbias ? co->rbias + ch0 : NULL;
-            for (int t = t0; t < t1; t++) {
-                const int p0 = (int)((long)t * np / T), p1 = (int)((long)(t + 1) * np / T);
-                const ptrdiff_t at = (ptrdiff_t)ch0 * np + p0;
-                o.m = p1 - p0;
-                o.c = out + at;
-                o.res = co->res ? co->res + at : NULL;
-                if (kk->ckern[1])
-                    kk->ckern[o.m](nk, x + (ptrdiff_t)k0 * np + p0, np, b, bh, &o, NULL);
-                else
-                    cols_tile_scalar(nk, x + (ptrdiff_t)k0 * np + p0, np, b, bh, &o);
+            const int n = s->OC - q * SDRT_NR < SDRT_NR ? s->OC - q * SDRT_NR : SDRT_NR;
+            /* a 16-column kernel (AVX2) takes the panel's halves in turn, each half's K rows in L1 over the tiles */
+            const int half = kk->ckern[1] && kk->nr < SDRT_NR, halves = half && n > SDRT_HALF ? 2 : 1;
+            for (int h = 0; h < halves; h++) {
+                const int ch0 = q * SDRT_NR + h * SDRT_HALF;
+                const float *bk = h ? b + bh : b;
+                o.n = half ? (n - h * SDRT_HALF < SDRT_HALF ? n - h * SDRT_HALF : SDRT_HALF) : n;
+                o.bias = co->rbias ? co->rbias + ch0 : NULL;
+                for (int t = t0; t < t1; t++) {
+                    const int p0 = (int)((long)t * np / T), p1 = (int)((long)(t + 1) * np / T);
+                    const ptrdiff_t at = (ptrdiff_t)ch0 * np + p0;
+                    o.m = p1 - p0;
+                    o.c = out + at;
+                    o.res = co->res ? co->res + at : NULL;
+                    if (kk->ckern[1])
+                        kk->ckern[o.m](nk, x + (ptrdiff_t)k0 * np + p0, np, bk, bh, &o, NULL);
+                    else
+                        cols_tile_scalar(nk, x + (ptrdiff_t)k0 * np + p0, np, b, bh, &o);
+                }
             }
         }
     }

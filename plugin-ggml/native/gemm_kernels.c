@@ -182,6 +182,44 @@ INLINE_AVX2 __m256 act256_k(int act, const act256 *e, __m256 v) {
 
 INLINE_AVX2 __m256 act256_apply(const act256 *e, __m256 v) { return act256_k(e->act, e, v); }
 
+/* r[i] = row i of an 8 x 8 block on entry, column i on return */
+INLINE_AVX2 void transpose8(__m256 *r) {
+    const __m256 t0 = _mm256_unpacklo_ps(r[0], r[1]), t1 = _mm256_unpackhi_ps(r[0], r[1]);
+    const __m256 t2 = _mm256_unpacklo_ps(r[2], r[3]), t3 = _mm256_unpackhi_ps(r[2], r[3]);
+    const __m256 t4 = _mm256_unpacklo_ps(r[4], r[5]), t5 = _mm256_unpackhi_ps(r[4], r[5]);
+    const __m256 t6 = _mm256_unpacklo_ps(r[6], r[7]), t7 = _mm256_unpackhi_ps(r[6], r[7]);
+    const __m256 u0 = _mm256_shuffle_ps(t0, t2, 0x44), u1 = _mm256_shuffle_ps(t0, t2, 0xEE);
+    const __m256 u2 = _mm256_shuffle_ps(t1, t3, 0x44), u3 = _mm256_shuffle_ps(t1, t3, 0xEE);
+    const __m256 u4 = _mm256_shuffle_ps(t4, t6, 0x44), u5 = _mm256_shuffle_ps(t4, t6, 0xEE);
+    const __m256 u6 = _mm256_shuffle_ps(t5, t7, 0x44), u7 = _mm256_shuffle_ps(t5, t7, 0xEE);
+    r[0] = _mm256_permute2f128_ps(u0, u4, 0x20);
+    r[1] = _mm256_permute2f128_ps(u1, u5, 0x20);
+    r[2] = _mm256_permute2f128_ps(u2, u6, 0x20);
+    r[3] = _mm256_permute2f128_ps(u3, u7, 0x20);
+    r[4] = _mm256_permute2f128_ps(u0, u4, 0x31);
+    r[5] = _mm256_permute2f128_ps(u1, u5, 0x31);
+    r[6] = _mm256_permute2f128_ps(u2, u6, 0x31);
+    r[7] = _mm256_permute2f128_ps(u3, u7, 0x31);
+}
+
+/* lanes 0 .. m-1 (m < 8) of v to p by plain 16-, 8- and 4-byte stores, no masked store */
+INLINE_AVX2 void store_lanes(float *p, __m256 v, int m) {
+    __m128 q = _mm256_castps256_ps128(v);
+    if (m >= 4) {
+        _mm_storeu_ps(p, q);
+        q = _mm256_extractf128_ps(v, 1);
+        p += 4;
+        m -= 4;
+    }
+    if (m & 2) {
+        _mm_storel_pi((__m64 *)(void *)p, q);
+        q = _mm_movehl_ps(q, q);
+        p += 2;
+    }
+    if (m & 1)
+        _mm_store_ss(p, q);
+}
+
 /* one row's 8 columns to C (full vector, or masked at the edge): + C (acc), else + the bias;
  * then, with the last block of K, + the residual and the activation */
 INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, const sdrt_tile_out *o,
@@ -307,6 +345,37 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
     const float *res = o->last ? o->res : NULL; \
     R256_ALL(R256_STORE)
 
+/* an mr x 16 tile (c0: columns 0-7, c1: 8-15; mr <= 6) stored transposed, column j of the tile to C's row j (the
+ * cols route: pixels along the tile's rows, NCHW out): two 8 x 8 transposes, then each of the n rows of C its m
+ * pixels with the epilogue (a scalar store per value cost as much as the products at K = 16: MobileNetV2's 16 -> 96
+ * conv at 112 x 112 ran 12x slower) */
+INLINE_AVX2 void store256_trans(const __m256 *c0, const __m256 *c1, int MR, const sdrt_tile_out *o) {
+    const int m = o->m < MR ? o->m : MR;
+    const act256 e = act256_of(o);
+    const float *res = o->last ? o->res : NULL;
+    const __m256i rows = MASK8(m);
+    const __m256 zero = _mm256_setzero_ps();
+    const __m256 rb = o->rbias && !o->acc ? _mm256_maskload_ps(o->rbias, rows) : zero;
+    for (int h = 0; h < 2 && 8 * h < o->n; h++) {
+        __m256 r[8];
+        for (int i = 0; i < 8; i++)
+            r[i] = i < MR ? (h ? c1[i] : c0[i]) : zero;
+        transpose8(r);
+        const int nh = o->n - 8 * h < 8 ? o->n - 8 * h : 8;
+        for (int j = 0; j < nh; j++) {
+            __m256 v = r[j];
+            float *c = o->c + (8 * h + j) * o->ldc;
+            if (o->acc)
+                v = _mm256_add_ps(v, _mm256_maskload_ps(c, rows));
+            else
+                v = _mm256_add_ps(v, o->bias ? _mm256_add_ps(rb, _mm256_set1_ps(o->bias[8 * h + j])) : rb);
+            if (res)
+                v = _mm256_add_ps(v, _mm256_maskload_ps(res + (8 * h + j) * o->ldres, rows));
+            store_lanes(c, act256_apply(&e, v), m);
+        }
+    }
+}
+
 /* The B rows o->pfb names (weights read from memory: the next panel's share for this call), prefetched into
  * L2 a few at a time every 16 steps of k. Issued as one burst before the call, they queued behind each other's
  * misses: on Zen 5, one thread, weights from memory, CLIP's 77-row products ran at 175-185 GFLOPS that way and
@@ -354,7 +423,22 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
         R256_ALL(STEP) \
     }
 
-/* 16 columns (12 accumulators), B rows packed (one half of a panel: row k at b + 16 k) or by offsets */
+/* A stored by columns (k256c, the cols route's 16-column half panels: A(i, k) = a[k lda + i], as k512c) */
+#define R256C_AHEAD 8
+#define R256C_SAVE(i) \
+    if (mr_ > i) { \
+        c0[i] = c0_##i; \
+        c1[i] = c1_##i; \
+    }
+#define R256C_STEP(i) \
+    if (mr_ > i) { \
+        const __m256 ai = _mm256_broadcast_ss(ap + i); \
+        c0_##i = _mm256_fmadd_ps(ai, b0, c0_##i); \
+        c1_##i = _mm256_fmadd_ps(ai, b1, c1_##i); \
+    }
+
+/* 16 columns (12 accumulators), B rows packed (one half of a panel: row k at b + 16 k), by offsets, or (k256c) with
+ * A by columns */
 #define K256(MR) \
     static TARGET_AVX2 void k256_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
                                       const sdrt_tile_out *o, const float *pf) { \
@@ -408,6 +492,24 @@ INLINE_AVX2 void st8(float *p, const float *res, __m256 v, int nv, __m256 add, c
             R256_ILOOP(R256_STEP) \
         } \
         R256_EPILOGUE \
+    } \
+    static TARGET_AVX2 void k256c_##MR(int K, const float *a, ptrdiff_t lda, const float *b, ptrdiff_t bh, \
+                                       const sdrt_tile_out *o, const float *pf) { \
+        enum { mr_ = MR }; \
+        (void)bh; \
+        (void)pf; \
+        R256_ALL(R256_DECL) \
+        const float *ap = a; \
+        for (int k = 0; k < K; k++, ap += lda) { \
+            const __m256 b0 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF); \
+            const __m256 b1 = _mm256_loadu_ps(b + (ptrdiff_t)k * SDRT_HALF + 8); \
+            _mm_prefetch((const char *)(ap + R256C_AHEAD * lda), _MM_HINT_T0); \
+            _mm_prefetch((const char *)(ap + R256C_AHEAD * lda + mr_ - 1), _MM_HINT_T0); \
+            R256_ALL(R256C_STEP) \
+        } \
+        __m256 c0[MR], c1[MR]; \
+        R256_ALL(R256C_SAVE) \
+        store256_trans(c0, c1, MR, o); \
     }
 K256(1)
 K256(2)
@@ -420,7 +522,7 @@ static const sdrt_isa_kernels avx2 = {"avx2", 6, 16, 384, {NULL, k256_1, k256_2,
                                       {NULL, k256i_1, k256i_2, k256i_3, k256i_4, k256i_5, k256i_6},
                                       {NULL, k256m_1, k256m_2, k256m_3, k256m_4, k256m_5, k256m_6},
                                       1,
-                                      {NULL}};
+                                      {NULL, k256c_1, k256c_2, k256c_3, k256c_4, k256c_5, k256c_6}};
 
 /* 16x16 transpose in registers: r[i] holds row i on entry, column i on return */
 INLINE_AVX512 void transpose16(__m512 r[16]) {

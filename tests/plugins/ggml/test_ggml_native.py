@@ -317,19 +317,20 @@ def test_direct_conv_route_on_every_isa(nat, isa, c, h, w, oc, kh, kw, pads, dil
 
 @pytest.mark.parametrize("isa", ["portable", "avx2", "avx512", "neon"])
 @pytest.mark.parametrize("c,hw,oc,auto", [
-    (64, (7, 7), 160, True),    # 49 pixels: tiles of 13 and 12, five whole panels
-    (300, (3, 5), 40, True),    # K = 300: two K blocks; 40 channels: a panel and 8 of the next
-    (96, (14, 14), 17, False),  # 14 tiles of 14, one part panel (by default: under COLS_MIN_OC channels)
-    (70, (1, 2), 33, True),     # two pixels
-    (64, (29, 31), 64, True),   # 899 pixels: several tile groups
-    (16, (9, 16), 64, True),    # few input channels, whole panels, in place of the direct route
-    (16, (9, 16), 48, False),   # ... not with a part panel
-    (40, (8, 8), 160, False),   # ... nor past the direct route's channels
+    (64, (7, 7), 160, "avx512"),         # 49 pixels: tiles of 13 and 12, five whole panels (AVX2: past 128 channels)
+    (400, (3, 5), 40, "avx512 avx2"),    # K = 400: two K blocks; 40 channels: a panel and 8 of the next (a half)
+    (96, (14, 14), 17, ""),              # 14 tiles of 14, one part panel (by default: under COLS_MIN_OC channels)
+    (70, (1, 2), 33, "avx512 avx2"),     # two pixels; one channel in the second panel
+    (64, (29, 31), 64, "avx512 avx2"),   # 899 pixels: several tile groups
+    (64, (4, 8), 64, "avx512"),          # 32 pixels: whole slices of AVX2's direct route, which keeps them
+    (16, (9, 16), 64, "avx512"),         # few input channels, whole panels, in place of the direct route
+    (16, (9, 16), 48, ""),               # ... not with a part panel
+    (40, (8, 8), 160, ""),               # ... nor past the direct route's channels
 ])
 def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc, auto):
     """The cols route of a float32 pointwise conv (pixels along the tile's rows, output channels along the vectors,
     stored transposed) against onnxruntime, with its residual and clip fused, at batch 1 and 2, 1 to 3 threads:
-    chosen by default with the AVX-512 kernels (``auto``: where cols_ok's rule takes it), forced by
+    chosen by default with the AVX-512 and AVX2 kernels (``auto``: the ISAs where cols_ok's rule takes it), forced by
     conv_impl="cols" on any ISA (a scalar loop where the ISA has no column kernels)."""
     if isa not in nat.available_isas():
         pytest.skip(f"{isa} kernels: not on this CPU or build")
@@ -347,7 +348,7 @@ def test_cols_conv_route_on_every_isa(nat, isa, c, hw, oc, auto):
                 with compile_ggml(m, conv_impl=impl) as s:
                     hits = dict(s.impl_hits)
                     fused = s.rewrite_hits.get("conv_epilogue")
-                cols = impl == "cols" or (isa == "avx512" and auto)
+                cols = impl == "cols" or isa in auto.split()
                 assert ("conv cols" in hits) == cols and fused == 2, (impl, hits, s.rewrite_hits)
     finally:
         nat.set_isa(None)

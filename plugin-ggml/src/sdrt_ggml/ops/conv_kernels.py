@@ -201,17 +201,23 @@ COLS_MIN_OC = 32
 
 def cols_ok(lowering: Any, nat: Any, w: Any, strides: list[int], ph: int, pw: int, pixels: int) -> bool:
     """The cols route of the native conv (native/conv.c: output channels along the vectors, the input read in place,
-    W^T packed once) for a float32 stride-1 1x1 conv of 2 or more pixels, by default with the AVX-512 kernels;
-    ``conv_impl="cols"`` forces it (on other ISAs a scalar loop runs it)."""
+    W^T packed once) for a float32 stride-1 1x1 conv of 2 or more pixels, by default with the AVX-512 kernels and,
+    where it saves the packed route's copy, the AVX2 ones; ``conv_impl="cols"`` forces it (on other ISAs a scalar loop
+    runs it)."""
     impl = lowering.options.get("conv_impl", "auto")
     if tuple(w.shape[2:]) != (1, 1) or list(strides) != [1, 1] or ph or pw or pixels < 2:
         return False
     if impl == "cols":
         return True
     oc, c = int(w.shape[0]), int(w.shape[1])
-    if impl != "auto" or nat.isa != "avx512" or oc < COLS_MIN_OC:
+    if impl != "auto" or oc < COLS_MIN_OC:
         return False
-    return c >= COLS_MIN_C or (oc <= DIRECT_MAX_OC and oc % 32 == 0)
+    if nat.isa == "avx2":
+        # 6 x 16 tiles, each stored through two 8 x 8 transposes: ahead of the packed route only where few output
+        # channels share its copy of the K x np inputs, and never in place of the direct route (whole 16-pixel
+        # slices). Measured per node on Zen 3: docs/ggml.md, "The cols route on AVX2"
+        return c >= COLS_MIN_C and oc <= DIRECT_MAX_OC and pixels % nat.nr != 0
+    return nat.isa == "avx512" and (c >= COLS_MIN_C or (oc <= DIRECT_MAX_OC and oc % 32 == 0))
 
 
 #: output pixels up to which a float32 kxk conv (or a strided or padded 1x1 one) takes the cols route over its
