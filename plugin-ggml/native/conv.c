@@ -453,6 +453,8 @@ static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
     if (co->cscale && !sb)
         return -1;
     sdrt_tile_out o = {.ldc = np, .trans = 1, .ldres = np, .ep = co->ep}; /* no row bias, no B prefetch */
+    /* columns a call: a 16-column kernel (AVX2) takes a panel's halves in turn, each half's K rows in L1 over the tiles */
+    const int cw = kk->ckern[1] && kk->nr < SDRT_NR ? SDRT_HALF : SDRT_NR;
     for (int kb = 0; kb < kblocks; kb++) {
         const int k0 = (int)((long)kb * K / kblocks), k1 = (int)((long)(kb + 1) * K / kblocks), nk = k1 - k0;
         o.acc = kb > 0;
@@ -472,12 +474,10 @@ static int cols_unit(const conv_shape *s, const sdrt_isa_kernels *kk, const floa
                 bh = (ptrdiff_t)nk * SDRT_HALF;
             }
             const int n = s->OC - q * SDRT_NR < SDRT_NR ? s->OC - q * SDRT_NR : SDRT_NR;
-            /* a 16-column kernel (AVX2) takes the panel's halves in turn, each half's K rows in L1 over the tiles */
-            const int half = kk->ckern[1] && kk->nr < SDRT_NR, halves = half && n > SDRT_HALF ? 2 : 1;
-            for (int h = 0; h < halves; h++) {
-                const int ch0 = q * SDRT_NR + h * SDRT_HALF;
-                const float *bk = h ? b + bh : b;
-                o.n = half ? (n - h * SDRT_HALF < SDRT_HALF ? n - h * SDRT_HALF : SDRT_HALF) : n;
+            for (int j0 = 0; j0 < n; j0 += cw) {
+                const int ch0 = q * SDRT_NR + j0;
+                const float *bk = j0 ? b + bh : b;
+                o.n = n - j0 < cw ? n - j0 : cw;
                 o.bias = co->rbias ? co->rbias + ch0 : NULL;
                 for (int t = t0; t < t1; t++) {
                     const int p0 = (int)((long)t * np / T), p1 = (int)((long)(t + 1) * np / T);
