@@ -1,5 +1,5 @@
-/* The bf16 kernels' weight layouts, written from float32 weights in one pass (native.py's pack_b_bf16,
- * bf16_rows and pairs_weights call these; tests/plugins/ggml/test_ggml_pack.py holds the layouts as numpy).
+/* The kernels' weight layouts, written from float32 weights in one pass (native.py's pack_b, pack_b_bf16, bf16_rows,
+ * pairs_weights and winograd_weights call these; tests/plugins/ggml/test_ggml_pack.py holds the layouts as numpy).
  *
  * At bf16 a lowering converts every MatMul and dense conv weight of the model (860M of SD 1.5's UNet) to
  * bf16 and lays it out for its kernel. numpy did that in five passes over the float32 weights plus a
@@ -23,6 +23,17 @@ SDRT_EXPORT void sdrt_pack_b_bf16(const float *w, int64_t n, int64_t k, int64_t 
                 const float *src = col < n ? w + col * sn : w;
                 out[0] = col < n ? sdrt_f32_to_bf16(src[k0 * sk]) : 0;
                 out[1] = col < n && k0 + 1 < k ? sdrt_f32_to_bf16(src[(k0 + 1) * sk]) : 0;
+            }
+}
+
+/* sdrt_pack_b_bf16's panels at float32: out (ceil(n/32), 2, k, 16), zero columns where n falls short. */
+SDRT_EXPORT void sdrt_pack_b_f32(const float *w, int64_t n, int64_t k, int64_t sn, int64_t sk, float *out) {
+    const int64_t halves = (n + 31) / 32 * 2;
+    for (int64_t hf = 0; hf < halves; hf++)
+        for (int64_t kk = 0; kk < k; kk++)
+            for (int64_t c = 0; c < 16; c++) {
+                const int64_t col = hf * 16 + c;
+                *out++ = col < n ? w[col * sn + kk * sk] : 0.0f;
             }
 }
 
@@ -50,4 +61,38 @@ SDRT_EXPORT void sdrt_pairs_weights(const float *w, int64_t oc, int64_t c, int64
                 out[ch] = sdrt_f32_to_bf16(src[ch * taps]);
             memset(out + have, 0, (size_t)(width - have) * sizeof(uint16_t));
         }
+}
+
+/* Rows o0..o1 of a 3x3 kernel (oc, c, 3, 3) as Winograd F(2x2, 3x3)'s 16 matrices: out is the whole (16, oc, ld)
+ * array, out[k][o][ch] = (G g G^T)[k / 4][k % 4] with G = [1 0 0; 1/2 1/2 1/2; 1/2 -1/2 1/2; 0 0 1], zeros from c
+ * to ld; what sdrt_winograd_op multiplies the transformed input by. Computed in double and rounded once. numpy's
+ * three-operand einsum took 36 of the 42 s that lowering SD 1.5's UNet at float32 took (Zen 3, 2.2 GB of 3x3
+ * kernels); this is a pass over the kernel and one over the output. */
+SDRT_EXPORT void sdrt_winograd_weights(const float *w, int64_t oc, int64_t c, int64_t ld, int64_t o0, int64_t o1,
+                                       float *out) {
+    const int64_t plane = oc * ld;
+    for (int64_t o = o0; o < o1; o++) {
+        float *row = out + o * ld;
+        for (int64_t ch = 0; ch < c; ch++) {
+            const float *g = w + (o * c + ch) * 9;
+            double t[4][3]; /* G g */
+            for (int j = 0; j < 3; j++) {
+                const double a = g[j], b = g[3 + j], d = g[6 + j];
+                t[0][j] = a;
+                t[1][j] = 0.5 * (a + b + d);
+                t[2][j] = 0.5 * (a - b + d);
+                t[3][j] = d;
+            }
+            for (int i = 0; i < 4; i++) { /* (G g) G^T, row i */
+                const double a = t[i][0], b = t[i][1], d = t[i][2];
+                float *dst = row + 4 * i * plane + ch;
+                dst[0] = (float)a;
+                dst[plane] = (float)(0.5 * (a + b + d));
+                dst[2 * plane] = (float)(0.5 * (a - b + d));
+                dst[3 * plane] = (float)d;
+            }
+        }
+        for (int k = 0; k < 16; k++)
+            memset(row + k * plane + c, 0, (size_t)(ld - c) * sizeof(float));
+    }
 }

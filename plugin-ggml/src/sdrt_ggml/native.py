@@ -233,10 +233,14 @@ def _declare(lib: ctypes.CDLL) -> None:
     L = ctypes.c_int64  # noqa: N806
     lib.sdrt_pack_b_bf16.argtypes = [P, L, L, L, L, P]
     lib.sdrt_pack_b_bf16.restype = None
+    lib.sdrt_pack_b_f32.argtypes = [P, L, L, L, L, P]
+    lib.sdrt_pack_b_f32.restype = None
     lib.sdrt_bf16_rows.argtypes = [P, L, L, L, P]
     lib.sdrt_bf16_rows.restype = None
     lib.sdrt_pairs_weights.argtypes = [P, L, L, L, L, P]
     lib.sdrt_pairs_weights.restype = None
+    lib.sdrt_winograd_weights.argtypes = [P, L, L, L, L, L, P]
+    lib.sdrt_winograd_weights.restype = None
 
 
 def _check_layout(lib: ctypes.CDLL, g: Any) -> str | None:
@@ -278,7 +282,7 @@ def _self_test(n: Native, g: Any) -> str | None:
     ctx = g.ggml_init(g.ggml_init_params(mem_size=1 << 20, mem_buffer=None, no_alloc=False))
     try:
         ta = _tensor(g, ctx, a)
-        tw = _tensor(g, ctx, pack_b(w))
+        tw = _tensor(g, ctx, pack_b(w, lib=n.lib))
         tb = _tensor(g, ctx, bias)
         outs = [gemm_op(n, g, ctx, ta, tw, tb, m=m, n=nn, trans=tr, packed=True, state=state_tensor(g, ctx) if tr else None)
                 for tr in (False, True)]
@@ -346,16 +350,28 @@ def pool_width(g: Any, graph: Any, threads: int, choice: Any = "auto") -> int:
     return threads
 
 
-def pack_b(w: np.ndarray) -> np.ndarray:
+def pack_b(w: np.ndarray, threads: int | None = None, lib: ctypes.CDLL | None = None) -> np.ndarray:
     """B given as (..., N, K) rows (a weight as ggml_mul_mat takes it) -> panels of 32 columns, each as
     two halves of 16: (..., ceil(N/32), 2, K, 16), zero-padded columns; the layout ``sdrt_gemm_op``
-    reads with ``packed=True`` (``SDRT_HALF`` in native/sdrt_native.h says why)."""
+    reads with ``packed=True`` (``SDRT_HALF`` in native/sdrt_native.h says why). A 2-D ``w`` is packed by
+    native/pack.c in one pass, read in place where it is a float32 view with positive strides (a transposed
+    weight), split by panel among the layout threads; aligned, so that lowering keeps it without another copy."""
     w = np.asarray(w, dtype=np.float32)
     *lead, n, k = w.shape
     p = -(-n // NR)
+    if not lead:
+        if w.ctypes.data % 4 or any(st <= 0 or st % 4 for st in w.strides):
+            w = np.ascontiguousarray(w)
+        out = aligned_empty((p, 2, k, NR // 2), np.float32)
+        fn, sn, sk = (lib or _lib()).sdrt_pack_b_f32, w.strides[0] // 4, w.strides[1] // 4
+        _in_parts(p, n * k, lambda p0, p1: fn(w[p0 * NR:p1 * NR].ctypes.data, min(n, p1 * NR) - p0 * NR, k, sn, sk,
+                                              out[p0:p1].ctypes.data), threads)
+        return out
     if p * NR != n:
         w = np.concatenate([w, np.zeros((*lead, p * NR - n, k), np.float32)], axis=-2)
-    return np.ascontiguousarray(np.swapaxes(w.reshape(*lead, p, 2, NR // 2, k), -1, -2))
+    out = aligned_empty((*lead, p, 2, k, NR // 2), np.float32)
+    np.copyto(out, np.swapaxes(w.reshape(*lead, p, 2, NR // 2, k), -1, -2))
+    return out
 
 
 def bf16_round(a: np.ndarray) -> np.ndarray:
@@ -374,11 +390,18 @@ def bf16_for(lowering: Any) -> bool:
     return kind(lowering) == "bf16" and for_lowering(lowering) is not None
 
 
+def packed_f32(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
+    """A weights tensor of float32 GEMM panels (``pack_b``) of ``transform(arr)``, (N, K) rows; ``update_weights``
+    packs new values the same way."""
+    threads = threads_of(lowering)
+    return lowering.const(arr, transform=lambda v: pack_b(transform(v), threads), tag=tag)
+
+
 def packed_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
     """A weights tensor of bf16 GEMM panels (``pack_b_bf16``) of ``transform(arr)``, (N, K) rows;
     ``update_weights`` packs new values the same way."""
     lowering.used("gemm bf16")
-    threads = _threads_of(lowering)
+    threads = threads_of(lowering)
     return lowering.const(arr, transform=lambda v: pack_b_bf16(transform(np.asarray(v, np.float32)), threads=threads),
                           tag=f"B16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
@@ -386,7 +409,7 @@ def packed_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any
 def rows_bf16(lowering: Any, arr: np.ndarray, transform: Any, tag: str) -> Any:
     """A weights tensor of bf16 conv rows (``bf16_rows``) of ``transform(arr)``, (OC, K)."""
     lowering.used("conv bf16")
-    threads = _threads_of(lowering)
+    threads = threads_of(lowering)
     return lowering.const(arr, transform=lambda v: bf16_rows(transform(np.asarray(v, np.float32)), threads),
                           tag=f"R16{tag}", dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
@@ -438,7 +461,7 @@ def bf16_rows(w: np.ndarray, threads: int | None = None) -> np.ndarray:
 def pairs_rows(lowering: Any, arr: np.ndarray) -> Any:
     """A weights tensor of a conv's kernel (OC, C, KH, KW) as ``pairs_weights``, remade so by ``update_weights``."""
     lowering.used("conv amx")
-    threads = _threads_of(lowering)
+    threads = threads_of(lowering)
     return lowering.const(arr, transform=lambda v: pairs_weights(np.asarray(v, np.float32), threads), tag="P16",
                           dtype="uint16", ggml_type="GGML_TYPE_BF16")
 
@@ -478,7 +501,7 @@ def _in_parts(units: int, values: int, run: Any, threads: int | None = None) -> 
     list(_layout_pool().map(lambda i: run(bounds[i], bounds[i + 1]), range(threads)))
 
 
-def _threads_of(lowering: Any) -> int | None:
+def threads_of(lowering: Any) -> int | None:
     """The compile's ``threads=`` (the weights' layouts use no more threads than the model will), None when unset."""
     return int(lowering.options.get("threads") or 0) or None
 
@@ -563,17 +586,21 @@ def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: A
     return out
 
 
-#: Winograd F(2x2, 3x3): the kernel transform G and the tile transforms (native/simd_wino.h)
-WINO_G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]], np.float64)
+def winograd_const(lowering: Any, w: np.ndarray, ld: int) -> Any:
+    """A weights tensor of a 3x3 kernel as ``winograd_weights``, remade so by ``update_weights``."""
+    threads = threads_of(lowering)
+    return lowering.const(w, transform=lambda a: winograd_weights(a, ld, threads), tag=f"wino{ld}")
 
 
-def winograd_weights(w: np.ndarray, ld: int) -> np.ndarray:
+def winograd_weights(w: np.ndarray, ld: int, threads: int | None = None) -> np.ndarray:
     """A 3x3 kernel (OC, C, 3, 3) as the 16 matrices U[k] = (G g G^T)[k // 4, k % 4], (16, OC, ld) with rows
-    zero-padded to ``ld`` floats: what ``sdrt_winograd_op`` multiplies the transformed input by."""
+    zero-padded to ``ld`` floats: what ``sdrt_winograd_op`` multiplies the transformed input by (native/pack.c,
+    in double, rounded once; split by output channel among the layout threads)."""
+    w = np.require(w, np.float32, ["C", "A"])
     oc, c = w.shape[:2]
-    u = np.einsum("ij,ocjk,lk->iloc", WINO_G, np.asarray(w, np.float64), WINO_G)  # (4, 4, OC, C)
-    out = np.zeros((16, oc, ld), np.float32)
-    out[:, :, :c] = u.reshape(16, oc, c)
+    out = aligned_empty((16, oc, ld), np.float32)
+    fn = _lib().sdrt_winograd_weights
+    _in_parts(oc, w.size, lambda o0, o1: fn(w.ctypes.data, oc, c, ld, o0, o1, out.ctypes.data), threads)
     return out
 
 

@@ -1,4 +1,4 @@
-"""The bf16 kernels' weight layouts (native/pack.c: ``native.pack_b_bf16``, ``bf16_rows``, ``pairs_weights``) against
+"""The kernels' weight layouts (native/pack.c: ``native.pack_b_bf16``, ``bf16_rows``, ``pairs_weights``, ``winograd_weights``) against
 the layouts written out in numpy here, with ml_dtypes' float32 -> bfloat16 cast as the rounding (round to nearest
 even): odd K, N not a multiple of 32, OC not a multiple of 16, C not a multiple of 32, a transposed view read in
 place, weights large enough to be laid out by several threads (``native.PARTS_FROM``; fewer units than threads
@@ -61,6 +61,21 @@ def test_gemm_panels(n, k):
     _same(native.pack_b_bf16(wt), _pack_b_reference(w))
 
 
+@pytest.mark.parametrize("n,k", [(1, 1), (31, 7), (33, 65), (320, 1280), (1001, 1100), (33, 40000)])
+def test_gemm_panels_f32(n, k):
+    """The float32 panels (``native.pack_b``): (ceil(N/32), 2, K, 16), zero columns past N; from rows and from a
+    transposed view read in place (a MatMul's (K, N) weight); a 3-D stack goes through numpy."""
+    w = _hard((n, k), n + 7 * k)
+    full = np.zeros((-(-n // 32) * 32, k), np.float32)
+    full[:n] = w
+    want = full.reshape(-1, 2, 16, k).transpose(0, 1, 3, 2)
+    for given in (w, np.ascontiguousarray(w.T).T):
+        got = native.pack_b(given)
+        assert got.shape == want.shape and got.ctypes.data % native.HOST_ALIGN == 0
+        np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(native.pack_b(np.stack([w, 2 * w]))[1], 2 * want)
+
+
 @pytest.mark.parametrize("oc,k", [(1, 3), (16, 27), (17, 576), (64, 1152), (601, 1800), (1, 1100000)])
 def test_conv_rows(oc, k):
     w = _hard((oc, k), oc + k)
@@ -81,14 +96,33 @@ def test_pairs_kernel(oc, c, kh, kw):
     _same(native.pairs_weights(w), want.reshape(want.shape[0], -1))
 
 
+#: Winograd F(2x2, 3x3)'s kernel transform (Lavin and Gray, "Fast Algorithms for Convolutional Neural Networks")
+G = np.array([[1, 0, 0], [0.5, 0.5, 0.5], [0.5, -0.5, 0.5], [0, 0, 1]])
+
+
+@pytest.mark.parametrize("oc,c", [(1, 1), (17, 33), (64, 320), (320, 640), (3, 40000)])
+def test_winograd_kernel(oc, c):
+    """U[k] = (G g G^T)[k // 4, k % 4] per (output, input) channel, rows zero-padded to ``ld``; the larger kernels
+    are split among the layout threads."""
+    w = np.random.default_rng(oc + c).standard_normal((oc, c, 3, 3)).astype(np.float32) * 3
+    ld = native.row_stride(c)
+    want = np.zeros((16, oc, ld))
+    want[:, :, :c] = (G @ w.astype(np.float64) @ G.T).transpose(2, 3, 0, 1).reshape(16, oc, c)
+    got = native.winograd_weights(w, ld)
+    assert got.dtype == np.float32 and got.shape == (16, oc, ld)
+    np.testing.assert_allclose(got, want, rtol=2**-23, atol=1e-30)
+    assert not got[:, :, c:].any()
+
+
 def test_the_layouts_reach_ggml_without_another_copy():
     from sdrt_ggml.lower import host_array
 
     w = _hard((40, 70), 3)
     k = _hard((20, 35, 3, 3), 4)
-    for made, source in ((native.pack_b_bf16(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k)):
+    for made, source in ((native.pack_b_bf16(w.T), w), (native.pack_b(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k),
+                         (native.winograd_weights(k, 48), k)):
         assert made.ctypes.data % native.HOST_ALIGN == 0
-        assert host_array(made, "uint16", source) is made
+        assert host_array(made, made.dtype.name, source) is made
 
 
 @pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="os.fork is POSIX-only")

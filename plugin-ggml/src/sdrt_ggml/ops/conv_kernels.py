@@ -382,7 +382,7 @@ def conv_winograd(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, ph: int, 
     n, oc, oh, ow = out_shape
     _, c, h, wd = x.shape
     ld = native.row_stride(c)
-    u = lowering.const(w, transform=lambda a: native.winograd_weights(a, ld), tag=f"wino{ld}")
+    u = native.winograd_const(lowering, w, ld)
     b = lowering.const(np.asarray(bias, np.float32).reshape(-1)) if bias is not None else None
     th, tw = -(-oh // 2), -(-ow // 2)
     src = padded_input(lowering, x, ph, pw, max(wd + 2 * pw, 2 * tw + 2), max(h + 2 * ph, 2 * th + 2))
@@ -414,7 +414,7 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     patches = not bf16 and cscale is None and not pointwise and cols_kxk_ok(lowering, nat, w, oh * ow)
     if patches or (not bf16 and cols_ok(lowering, nat, w, strides, ph, pw, oh * ow)):
         # W^T as pack_b's panels (shared with the pointwise GEMM's, conv_layout.conv_gemm)
-        wt = lowering.const(w, transform=lambda a: native.pack_b(a.reshape(oc, k)), tag="oihwP32")
+        wt = native.packed_f32(lowering, w, lambda a: a.reshape(oc, k), "oihwP32")
         src = x.ptr
         if patches:
             prm = lowering.const(np.array([kh, kw, *strides, *dil, ph, pw], np.int32))

@@ -30,7 +30,7 @@ def conv_gemm(lowering: Any, cols: Any, w: np.ndarray, order: tuple[int, int, in
         if bf16:
             wp = native.packed_bf16(lowering, w, lambda a: a.transpose(order).reshape(oc, k), tag)
         else:
-            wp = lowering.const(w, transform=lambda a: native.pack_b(a.transpose(order).reshape(oc, k)), tag=f"{tag}P32")
+            wp = native.packed_f32(lowering, w, lambda a: a.transpose(order).reshape(oc, k), f"{tag}P32")
         b = None if bias is None else lowering.const(np.asarray(bias, np.float32).reshape(-1)).ptr
         return native.gemm_op(nat, g, lowering.ctx, cols, wp.ptr, b, m=m, n=oc, trans=trans, packed=True,
                               state=native.lowering_state(lowering), bf16=bf16)

@@ -141,7 +141,7 @@ def native_matmul(lowering: Any, nat: Any, a: GTensor, b: Value, batch: tuple[in
         w = native.packed_bf16(lowering, b, lambda v: np.swapaxes(v, -1, -2), "T")
         return gemm_emit(lowering, GemmSpec(a.ptr, w.ptr, m, int(np.shape(b)[-1]), True, batch, bf16=True))
     if packed:
-        w = lowering.const(b, transform=lambda v: native.pack_b(np.swapaxes(v, -1, -2)), tag="P32")
+        w = native.packed_f32(lowering, b, lambda v: np.swapaxes(v, -1, -2), "P32")
         n = int(np.shape(b)[-1])
     else:
         w = lowering.const(b) if isinstance(b, np.ndarray) else b  # ne (N, K, e2, e3), any strides
@@ -276,7 +276,7 @@ def _native_gemm(lowering: Any, nat: Any, a_: Value, b_: np.ndarray, c_: Value |
     tag = f"{'t' if trans_b else ''}{alpha if alpha != 1.0 else ''}"
     bf16 = native.bf16_for(lowering)  # bf16 panels (half.py)
     w = (native.packed_bf16(lowering, b_, rows, tag) if bf16 else
-         lowering.const(b_, transform=lambda v: native.pack_b(rows(v)), tag=f"P32{tag}"))
+         native.packed_f32(lowering, b_, rows, f"P32{tag}"))
     bias = None
     if isinstance(c_, np.ndarray) and beta != 0.0 and c_.size == n and (c_.ndim == 1 or c_.shape == (1, n)):
         bias = lowering.const(c_, transform=lambda v: (np.asarray(v, np.float32) * np.float32(beta)).reshape(-1),
