@@ -57,15 +57,16 @@ def main(argv=None) -> int:
             stored = entries.get(f"{backend}/{kind}/{precision}") or {}
             bw = stored.get("bandwidth_bytes_per_s") or dev.bandwidth_bytes_per_s
             scale = case_activation_scale(backend, precision)
+            plain = int(stored.get("plain_conv_pixels", 0))  # as the backend routed the measured cases
             rows = []
             for r in measured[key]:
                 _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision)
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=dev.peak(precision), bandwidth=bw, pinned=pinned,
                                      scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu",
-                                     dense_heads=copies_heads(backend, kind)))
+                                     dense_heads=copies_heads(backend, kind), plain_pixels=plain))
             mine[f"{backend}/{kind}/{precision}"] = fit_precision(rows, bw, backend, precision, dev,
-                                                                   mine.get(f"{backend}/{kind}/fp32"))
+                                                                   mine.get(f"{backend}/{kind}/fp32"), plain_pixels=plain)
             print(f"refitted {backend}/{kind}/{precision} from {len(rows)} cases", file=sys.stderr)
     for kind, found in out.items():
         path = save_calibration(found, specs[kind].to_dict())

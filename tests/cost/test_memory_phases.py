@@ -187,6 +187,35 @@ def test_sequential_transients_hold_one_weight_less_what_is_read_after_it():
     assert transient_bytes(last, seq, 4.0, 2.0, 1.0) == pytest.approx(120 * MIB)
 
 
+def test_kernels_of_small_maps_are_held_as_stored_under_plain_conv_pixels():
+    """A backend that routes convs on small maps so that their kernels stay as stored (``Factors.plain_conv_pixels``:
+    ggml keeps Winograd's 16/9-sized kernels for larger maps only) counts those kernels with the other weights'
+    factors, held and in flight; 0 keeps every dense kernel with the conv factors."""
+    from sdrt.cost.model import conv_weight_bytes, held_order, largest_weights
+    from sdrt.cost.nodes import NodeCost
+
+    def conv(name, mib, px):
+        return NodeCost(name, "Conv", "conv", 1e9, mib * MIB, 1.0, mib * MIB, pixels=px)
+
+    nodes = [conv("deep", 40, 16), conv("wide", 20, 1024), NodeCost("mm", "MatMul", "matmul", 1e9, 0, 0, 5 * MIB)]
+    cost = replace(_cost(), nodes=nodes, weight_bytes=65 * MIB, table_bytes=0.0, largest_conv_bytes=40 * MIB,
+                   largest_weight_bytes=5 * MIB, weight_order=((40 * MIB, "kernel"), (20 * MIB, "kernel"),
+                                                              (5 * MIB, "weight")),
+                   weight_order_pixels=(16, 1024, 0))
+    assert conv_weight_bytes(cost) == 60 * MIB and conv_weight_bytes(cost, 64) == 20 * MIB
+    assert conv_weight_bytes(cost, 1024) == 0
+    assert held_order(cost) == cost.weight_order
+    assert held_order(cost, 64) == ((40 * MIB, "weight"), (20 * MIB, "kernel"), (5 * MIB, "weight"))
+    assert largest_weights(cost) == (40 * MIB, 5 * MIB) and largest_weights(cost, 64) == (20 * MIB, 40 * MIB)
+    # held: the 40 MiB kernel moves from the conv factor (2) to the weights' (1)
+    f = replace(F, conv_weight_factor=2.0, weight_factor=1.0)
+    small = replace(f, plain_conv_pixels=64)
+    assert memory_phases(cost, f)[2] - memory_phases(cost, small)[2] == pytest.approx(40 * MIB)
+    # no maps recorded (a cost from before the field): every kernel with the conv factors
+    old = replace(cost, nodes=[replace(n, pixels=0) for n in nodes], weight_order_pixels=())
+    assert memory_phases(old, small) == memory_phases(old, f)
+
+
 def test_a_table_copied_one_weight_at_a_time_holds_its_source_only_while_it_is_copied():
     """ggml copies its weights one at a time: a lookup table's compile factor (fitted on the ``embedding`` case, the
     table alone: 2.1 x on Zen 5, the file's pages beside the copy) is the copy held (``table_factor``, as it runs) and

@@ -219,6 +219,9 @@ def test_memory_fields_tables_largest_kernels_and_fused_attention(tmp_path):
     assert conv.largest_conv_bytes == 640 * 640 * 9 * 4 and conv.table_bytes == 0
     assert conv.largest_weight_bytes == 640 * 4  # a bias: the largest weight that is not a 3x3 kernel
     assert conv.weight_order == ((640 * 640 * 9 * 4, "kernel"), (640 * 4, "weight")) * 3  # in the order nodes read them
+    # each kernel's map (16 x 16 output pixels), for a backend that keeps the kernels of small maps as stored
+    assert conv.weight_order_pixels == (256, 0) * 3
+    assert [n.pixels for n in conv.nodes if n.op == "Conv"] == [256] * 3
     att = cost("attn_1024x8")  # 8 heads x 1024 x 1024 scores: counted by liveness, not when attention fuses
     scores = 8 * 1024 * 1024 * 4
     assert att.peak_activation_bytes >= 2 * scores

@@ -278,6 +278,13 @@ class Backend(ABC):
         forced = override(self.precisions or {"fp32": {}})
         return forced or str(device.properties.get("precision") or self.default_precision)
 
+    def plain_conv_pixels(self, device: Device, precision: str) -> int:
+        """For the cost model (``sdrt.cost.model.Factors.plain_conv_pixels``): a dense conv wider than 1x1 that writes
+        at most this many output pixels an image keeps its kernel as stored on ``device`` at ``precision``, where a
+        larger one may hold it transformed (ggml's Winograd kernels, 16/9 of a 3x3 kernel). Default 0: the calibration
+        fits every such kernel with one factor."""
+        return 0
+
     @abstractmethod
     def devices(self) -> list[Device]:
         """What this backend can run on, here and now. An empty list means: nothing."""

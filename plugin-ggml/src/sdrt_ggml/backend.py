@@ -92,6 +92,19 @@ class GgmlBackend(Backend):
     def memory_in_use(self, device: Device) -> int | None:
         return None if device.kind == "cpu" else memory_in_use(device.id)
 
+    def plain_conv_pixels(self, device: Device, precision: str) -> int:
+        """On the CPU at float32 with the native kernels, a 3x3 conv on a small map keeps its kernel as stored (the
+        cols route's panels up to ``COLS_KXK_MAX_PIXELS`` output pixels with the AVX-512 kernels, the implicit GEMM's
+        below ``WINOGRAD_MIN_PIXELS``) and a larger one holds Winograd's 16/9-sized kernels; elsewhere no route
+        transforms a kernel by the map's size."""
+        from . import native
+        from .ops.conv_kernels import COLS_KXK_MAX_PIXELS, WINOGRAD_MIN_PIXELS
+
+        nat = native.native() if device.kind == "cpu" and precision == "fp32" else None
+        if nat is None:
+            return 0
+        return max(COLS_KXK_MAX_PIXELS if nat.isa == "avx512" else 0, WINOGRAD_MIN_PIXELS - 1)
+
     def weight_blocks(self) -> frozenset[str]:
         """A GGUF file's block types that stay as stored when they are matmul weights: every type ggml's CPU
         mul_mat takes (quant.gguf_types: Q4_0..Q8_0, the K-quants, the IQ and TQ types, MXFP4, NVFP4); the

@@ -208,10 +208,12 @@ def test_winograd_conv_matches_onnxruntime(threads, n, c, hw, oc, pads):
 
 
 def test_winograd_is_the_default_for_wide_3x3_convs_only():
-    from sdrt_ggml.ops.conv_kernels import WINOGRAD_MIN_C, WINOGRAD_MIN_OC
+    """...and for maps of WINOGRAD_MIN_PIXELS output pixels or more (on fewer its tiles are mostly padding);
+    ``conv_impl="winograd"`` takes any."""
+    from sdrt_ggml.ops.conv_kernels import WINOGRAD_MIN_C, WINOGRAD_MIN_OC, WINOGRAD_MIN_PIXELS
 
-    def hits(c, oc, **opts):
-        m = make_model([mk("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, c, 6, 40), F)}, {"y": (None, F)},
+    def hits(c, oc, hw=(6, 40), **opts):
+        m = make_model([mk("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": ((1, c, *hw), F)}, {"y": (None, F)},
                        {"w": rand(oc, c, 3, 3)})
         with compile_ggml(m, **opts) as s:
             return s.impl_hits
@@ -219,6 +221,29 @@ def test_winograd_is_the_default_for_wide_3x3_convs_only():
     assert "conv winograd" in hits(WINOGRAD_MIN_C, WINOGRAD_MIN_OC)
     assert "conv winograd" not in hits(WINOGRAD_MIN_C - 1, WINOGRAD_MIN_OC)
     assert "conv winograd" not in hits(WINOGRAD_MIN_C, WINOGRAD_MIN_OC, conv_impl="implicit")
+    small = (5, (WINOGRAD_MIN_PIXELS - 1) // 5)
+    assert "conv winograd" not in hits(64, 64, small)
+    assert "conv winograd" in hits(64, 64, small, conv_impl="winograd")
+
+
+def test_plain_conv_pixels_is_where_the_routes_start_holding_winograd_kernels():
+    """The cost model's cut (``GgmlBackend.plain_conv_pixels``, ``Factors.plain_conv_pixels``) agrees with the routes
+    on this CPU: a wide 3x3 conv writing that many output pixels keeps its kernel as stored, one writing more holds
+    Winograd's; at bf16 no route takes Winograd by the map's size."""
+    from sdrt_ggml.backend import GgmlBackend
+
+    be = GgmlBackend()
+    cpu = next(d for d in be.devices() if d.kind == "cpu")
+    cut = be.plain_conv_pixels(cpu, "fp32")
+    assert cut > 0 and be.plain_conv_pixels(cpu, "bf16") == 0
+
+    def winograd(pixels):
+        m = make_model([mk("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], {"x": ((2, 64, 1, pixels), F)},
+                       {"y": (None, F)}, {"w": rand(64, 64, 3, 3)})
+        with compile_ggml(m, precision="fp32") as s:
+            return "conv winograd" in s.impl_hits
+
+    assert not winograd(cut) and winograd(cut + 1)
 
 
 class _Weights:

@@ -45,6 +45,7 @@ from .model import (
     conv_weight_bytes,
     copies_heads,
     inflight_bytes,
+    largest_weights,
     matmul_input_bytes,
     memory_nodes,
     timed_node,
@@ -154,7 +155,8 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "mm_big_dyn": ("matmul", (8, 2048, 2048, 40)),   # memory: 640 MiB of 16 MiB weights, tokens dynamic (a model's size)
     "mm_big": ("matmul", (8, 2048, 2048, 40)),       # ... static: a pinned model's weights, many of them, so the fit
     # tells the bytes per weight byte from the one weight in flight (every other case holds one to three large ones)
-    "conv_big": ("conv", (640, 4, 3, 1, 40)),        # ... and forty 14 MiB 3x3 kernels (563 MiB), static, likewise
+    "conv_big": ("conv", (640, 12, 3, 1, 40)),       # ... and forty 14 MiB 3x3 kernels (563 MiB), static, likewise,
+    # on a map of 144 pixels: larger than a runtime's small-map routes take (``Factors.plain_conv_pixels``)
 }
 
 
@@ -751,11 +753,13 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
 
 
 def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
-             scale: float = 1.0, tail: bool = False, transfers: bool = False, dense_heads: bool = False) -> dict[str, Any]:
+             scale: float = 1.0, tail: bool = False, transfers: bool = False, dense_heads: bool = False,
+             plain_pixels: int = 0) -> dict[str, Any]:
     """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
     its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
     backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
-    ran the case at static shapes. Stored measurements
+    ran the case at static shapes; ``plain_pixels``: the backend holds the kernels of convs on maps of at most so many
+    output pixels as stored (``Factors.plain_conv_pixels``). Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
     return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail,
                                                transfers=transfers, dense_heads=dense_heads),
@@ -770,10 +774,10 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
             "dynamic": bool(cost.dynamic) and not pinned,
             "io_bytes": cost.io_bytes,
             "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
-            "largest_conv_bytes": cost.largest_conv_bytes,
-            "largest_weight_bytes": cost.largest_weight_bytes,
+            "largest_conv_bytes": largest_weights(cost, plain_pixels)[0],
+            "largest_weight_bytes": largest_weights(cost, plain_pixels)[1],
             "attention": any(n.op_class == "attention" for n in cost.nodes),
-            "conv_weight_bytes": conv_weight_bytes(cost), "mem_nodes": memory_nodes(cost),
+            "conv_weight_bytes": conv_weight_bytes(cost, plain_pixels), "mem_nodes": memory_nodes(cost),
             # activations as the runtime holds them (float32 where it keeps them so)
             "activation_bytes": scale * (cost.peak_activation_bytes_tail if tail and cost.peak_activation_bytes_tail
                                          is not None else cost.peak_activation_bytes_inplace),
@@ -803,6 +807,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
     quiet = quiet_for(dev)
     peak = dev.peak(precision)
     scale = case_activation_scale(backend, precision)
+    plain = plain_conv_pixels(backend, device_id, precision)
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sdrt-calibrate-") as tmp:
         folder = Path(workdir or tmp)
@@ -828,7 +833,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 prev = rows[name]["pass_ms"] if name in rows else []
                 rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
                                       tail=float32_tail(backend, precision), transfers=dev.kind != "cpu",
-                                      dense_heads=copies_heads(backend, dev.kind))
+                                      dense_heads=copies_heads(backend, dev.kind), plain_pixels=plain)
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
         # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny
@@ -841,7 +846,17 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                           shapes={k: v.shape for k, v in feeds.items()}, device=device_id, quiet_s=quiet)
             rows["cal_call"]["pinned_peak_rss"] = pin["peak_rss"]  # fit() reads it: Factors.pin_bytes
     out = list(rows.values())
-    return fit_precision(out, bw, backend, precision, dev, reference), out
+    return fit_precision(out, bw, backend, precision, dev, reference, plain_pixels=plain), out
+
+
+def plain_conv_pixels(backend: str, device_id: str | None, precision: str) -> int:
+    """``Backend.plain_conv_pixels`` of ``backend`` on its device (``device_id``, or its choice) at ``precision``."""
+    from ..plugins import get_registry
+    from ..runtime import select
+
+    get_registry()
+    be, dev = select(backend, device_id)
+    return int(be.plain_conv_pixels(dev, precision))
 
 
 def case_cost(case: str, folder: Path, precision: str) -> tuple[str, Path, dict[str, np.ndarray], Any]:
@@ -863,7 +878,7 @@ def case_activation_scale(backend: str, precision: str) -> float:
 
 
 def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, precision: str, device: DeviceSpec,
-                  reference: Factors | None = None) -> Factors:
+                  reference: Factors | None = None, plain_pixels: int = 0) -> Factors:
     """``backend``'s factors at ``precision`` fitted from its cases' ``rows`` (``case_row``): a half precision on a
     ``FLOAT32_ACTIVATION_BACKENDS`` backend holds ``reference``'s ``SHARED_TERMS`` (``held_terms``, scaled by the
     device's peaks), and a ``FLOAT32_TAIL_BACKENDS`` one counts the graph's float32 tail."""
@@ -872,7 +887,7 @@ def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, pr
             tail32=float32_tail(backend, precision))
     gpu = device.kind != "cpu"
     return dataclasses.replace(f, host_transfers=gpu, im2col_memory_factor=1.0 if gpu and backend in IM2COL_GPU_BACKENDS
-                               else 0.0)
+                               else 0.0, plain_conv_pixels=plain_pixels)
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:

@@ -93,6 +93,11 @@ class Factors:
     #: memory held per byte of conv kernels where it differs from ``weight_factor`` (a backend that keeps
     #: them transformed or repacked); None: ``weight_factor``
     conv_weight_factor: float | None = None
+    #: dense conv kernels (wider than 1x1) whose convs write at most this many output pixels an image are held as
+    #: stored, with the other weights' factors, not ``conv_weight_factor``'s: the backend's routes for small maps
+    #: (``Backend.plain_conv_pixels``: ggml's implicit GEMM and cols routes, where larger maps take Winograd and hold
+    #: its transformed kernels, 16/9 of a 3x3 kernel). 0: every such kernel with the conv factors
+    plain_conv_pixels: int = 0
     #: memory per compiled node (a runtime's per-node kernels and descriptors), bytes
     node_bytes: float = 0.0
     #: calibrated: weight traffic (a matmul at few rows streams its weights; a CPU packs them per call);
@@ -430,11 +435,37 @@ def activation_bytes(cost: GraphCost, f: Factors) -> float:
     return fused if f.fused_attention_memory and fused is not None else cost.peak_activation_bytes
 
 
-def conv_weight_bytes(cost: GraphCost) -> float:
+def conv_weight_bytes(cost: GraphCost, plain_pixels: int = 0) -> float:
     """The bytes of dense conv kernels wider than 1x1 among a part's weights (as their nodes read them): the
-    kernels a backend may keep transformed (Winograd) or repacked beside the originals."""
+    kernels a backend may keep transformed (Winograd) or repacked beside the originals; those of convs on maps of at
+    most ``plain_pixels`` output pixels (``Factors.plain_conv_pixels``) left out."""
     return min(cost.weight_bytes, sum(n.weight_bytes for n in cost.nodes if n.op_class == "conv"
-                                      and n.time_class in DENSE_CONVS))
+                                      and n.time_class in DENSE_CONVS
+                                      and not 0 < getattr(n, "pixels", 0) <= plain_pixels))
+
+
+def held_order(cost: GraphCost, plain_pixels: int = 0) -> tuple[tuple[float, str], ...]:
+    """``GraphCost.weight_order`` with the kernels of convs on maps of at most ``plain_pixels`` output pixels as
+    plain weights (``Factors.plain_conv_pixels``)."""
+    order = getattr(cost, "weight_order", ())
+    px = getattr(cost, "weight_order_pixels", ())
+    if not plain_pixels or len(px) != len(order):
+        return order
+    return tuple((size, "weight" if kind == "kernel" and 0 < p <= plain_pixels else kind)
+                 for (size, kind), p in zip(order, px))
+
+
+def largest_weights(cost: GraphCost, plain_pixels: int = 0) -> tuple[float, float]:
+    """(the largest dense conv kernel, the largest other weight but a lookup table) in bytes, the kernels of convs
+    on maps of at most ``plain_pixels`` output pixels counted with the other weights."""
+    conv, other = getattr(cost, "largest_conv_bytes", 0.0), getattr(cost, "largest_weight_bytes", 0.0)
+    order = getattr(cost, "weight_order", ())
+    held = held_order(cost, plain_pixels)
+    if held is order:
+        return conv, other
+    moved = [size for (size, kind), (_, now) in zip(order, held) if kind != now]
+    return (max((size for size, kind in held if kind == "kernel"), default=0.0),
+            max([other, *moved]))
 
 
 def matmul_input_bytes(cost: GraphCost) -> float:
@@ -507,10 +538,10 @@ def transient_bytes(cost: GraphCost, f: Factors, conv_factor: float = 0.0, other
     the compile peak comes where the sum of held weights and one transient is largest, and a weight read early is
     covered by those after it. A lookup table is kept as stored; its transient, ``table_transient`` x its bytes, is the
     source it is copied from (the file's pages, handed back once it is copied)."""
-    order = getattr(cost, "weight_order", ())
+    order = held_order(cost, f.plain_conv_pixels)
     if not (f.sequential_transients and order):
-        return (f.transient_conv_factor * getattr(cost, "largest_conv_bytes", 0.0)
-                + f.transient_factor * getattr(cost, "largest_weight_bytes", 0.0))
+        conv, other = largest_weights(cost, f.plain_conv_pixels)
+        return f.transient_conv_factor * conv + f.transient_factor * other
     worst = after = 0.0
     for size, kind in reversed(order):
         if kind == "table":  # kept as stored: its source in flight while it is copied
@@ -528,7 +559,7 @@ def memory_phases(cost: GraphCost, f: Factors) -> tuple[float, float, float]:
     compiling (ggml's Winograd kernels: 4-8 x a 3x3 kernel in flight) peaks there, and its activations come
     later, in memory the compile left; one that defers the work to the first run peaks there."""
     scale = activation_scale(getattr(cost, "precision", "fp32"), f)  # float32 activations at a half precision
-    conv_w = conv_weight_bytes(cost) if f.conv_weight_factor is not None else 0.0
+    conv_w = conv_weight_bytes(cost, f.plain_conv_pixels) if f.conv_weight_factor is not None else 0.0
     table = min(getattr(cost, "table_bytes", 0.0), cost.weight_bytes - conv_w) if f.table_factor is not None else 0.0
     other = cost.weight_bytes - conv_w - table
     nodes = f.node_bytes * memory_nodes(cost)

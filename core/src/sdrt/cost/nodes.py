@@ -113,6 +113,9 @@ class NodeCost:
     #: a Transpose that splits heads before attention's matmuls or merges them after (``_head_transposes``): strides
     #: of the attention where the backend fuses it, a copy where it makes matmul operands dense (``model.copies_heads``)
     head: bool = False
+    #: a conv's output pixels an image (Ho x Wo; 0 for other nodes): a runtime may route a conv on a small map so
+    #: that its kernel is held as stored rather than transformed (``Factors.plain_conv_pixels``)
+    pixels: int = 0
 
     @property
     def timed_flops(self) -> float:
@@ -194,6 +197,9 @@ class GraphCost:
     #: one at a time as it lowers the nodes (ggml) has one in flight at a time, on top of those read before it
     #: (``sdrt.cost.model.transient_bytes``)
     weight_order: tuple[tuple[float, str], ...] = ()
+    #: beside ``weight_order``: for each kernel the output pixels an image of the largest map its convs write (0 for
+    #: other weights, and for a kernel whose map is unknown)
+    weight_order_pixels: tuple[int, ...] = ()
     #: at a half precision, ``peak_activation_bytes_inplace`` with the values of the graph's tail held float32
     #: (``float32_tail_values``: what a runtime that keeps the tail float32 holds); None: as ``peak_activation_bytes_inplace``
     peak_activation_bytes_tail: float | None = None
@@ -380,11 +386,14 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
             im2col = _prod(out_shapes[0]) / w_shape[0] * _prod(w_shape[1:]) * act
         nodes.append(NodeCost(n.name or f"{op}_{len(nodes)}", op, cls, float(flops), a_read + w_read, written,
                               w_read, fused, kind, batch, kernel, rows, float(im2col),
-                              head=op == "Transpose" and bool(n.output) and n.output[0] in heads))
+                              head=op == "Transpose" and bool(n.output) and n.output[0] in heads,
+                              pixels=_prod(out_shapes[0][2:]) if cls == "conv" and out_shapes and len(out_shapes[0]) > 2
+                              else 0))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
     kernels: set[str] = set()
+    kernel_px: dict[str, int] = {}
     for n in model.graph.node:
         ins = list(n.input)
         if n.op_type in ("Gather", "GatherND") and ins and ins[0] in origin:
@@ -393,8 +402,14 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
               and any(k > 1 for k in inits[ins[1]][2:])
               and next((a.i for a in n.attribute if a.name == "group"), 1) == 1):
             kernels |= origin[ins[1]]
+            out_shape = shape(n.output[0]) if n.output and n.output[0] else None
+            px = _prod(out_shape[2:]) if out_shape and len(out_shape) > 2 else 0
+            for src in origin[ins[1]]:  # the largest map a kernel serves (0: unknown, counted as transformed)
+                known = px > 0 and kernel_px.get(src, px) > 0
+                kernel_px[src] = max(kernel_px.get(src, 0), px) if known else 0
     tables &= set(sizes)
     order: list[tuple[float, str]] = []
+    order_px: list[int] = []
     seen: set[str] = set()
     for n in model.graph.node:
         for i in n.input:
@@ -403,6 +418,7 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                     seen.add(src)
                     order.append((float(sizes[src]), "kernel" if src in kernels else "table" if src in tables
                                   else "weight"))
+                    order_px.append(kernel_px.get(src, 0) if src in kernels else 0)
     # as float32, the weights as the file holds them: a tensor under 1 MiB there is read into the process (larger
     # ones are mapped, sdrt.graph.onnxfile.MAP_INLINE_MIN_BYTES), whatever precision the backend makes of it
     small = sum(4.0 * _prod(s) for s in inits.values() if 4 * _prod(s) < SMALL_TENSOR_BYTES)
@@ -437,7 +453,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                      dynamic_shape_nodes=shape_nodes if dynamic else 0, dynamic=dynamic,
                      relayout_bytes=float(relayout), relayout_narrow_bytes=float(relayout_narrow),
                      largest_relayout_bytes=float(relayout_largest), half_source_bytes=float(half_source),
-                     weight_order=tuple(order), peak_activation_bytes_tail=float(peak_tail),
+                     weight_order=tuple(order), weight_order_pixels=tuple(order_px),
+                     peak_activation_bytes_tail=float(peak_tail),
                      tail_conversions=len(crossings),
                      tail_conversion_bytes=float(sum(_prod(shape(v) or ()) * (4 + act) for v in crossings)))
 

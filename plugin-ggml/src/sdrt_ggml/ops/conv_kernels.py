@@ -307,11 +307,15 @@ def conv_spec_of(lowering: Any, v: Any) -> ConvSpec | None:
 #: the smallest channel counts at which the Winograd conv beats the implicit GEMM (measured, docs/ggml.md)
 WINOGRAD_MIN_C = 32
 WINOGRAD_MIN_OC = 32
+#: the fewest output pixels at which Winograd takes a conv the cols route does not: on smaller maps its 2 x 2 tiles
+#: are mostly padding and the conv streams its 16/9-sized kernels from memory (Zen 3, 2 threads, 1280 channels, ms:
+#: 4 x 4 16.8 against the packed implicit GEMM's 6.8, 5 x 5 20.9 / 12.8, 6 x 6 25.4 / 26.4, 8 x 8 25.5 / 35.0)
+WINOGRAD_MIN_PIXELS = 36
 
 
 def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int], pixels: int) -> bool:
     """Winograd F(2x2, 3x3) (native/winograd.c) for 3x3 stride-1 convs with enough channels on both
-    sides and more output pixels than the cols route takes, unless ``conv_impl`` names another route
+    sides, at least WINOGRAD_MIN_PIXELS output pixels and more than the cols route takes, unless ``conv_impl`` names another route
     (``"winograd"`` forces it for any channel count and map)."""
     impl = lowering.options.get("conv_impl", "auto")
     if impl not in ("auto", "winograd") or not isinstance(w, np.ndarray) or w.shape[2:] != (3, 3):
@@ -323,7 +327,8 @@ def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int], pixel
         return False
     if bf16_conv(lowering, int(w.shape[0])):
         return False  # float32 only: the implicit GEMM's bf16 products instead
-    return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC)
+    return impl == "winograd" or (w.shape[1] >= WINOGRAD_MIN_C and w.shape[0] >= WINOGRAD_MIN_OC
+                                  and pixels >= WINOGRAD_MIN_PIXELS)
 
 
 #: input channels from which a bf16 conv takes the AMX route without packing (a step of 16 pairs a tile)
