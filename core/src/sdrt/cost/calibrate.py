@@ -761,6 +761,7 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
     ran the case at static shapes; ``plain_pixels``: the backend holds the kernels of convs on maps of at most so many
     output pixels as stored (``Factors.plain_conv_pixels``). Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
+    largest_conv, largest_other = largest_weights(cost, plain_pixels)
     return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail,
                                                transfers=transfers, dense_heads=dense_heads),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
@@ -774,8 +775,7 @@ def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth:
             "dynamic": bool(cost.dynamic) and not pinned,
             "io_bytes": cost.io_bytes,
             "weight_bytes": cost.weight_bytes, "table_bytes": cost.table_bytes,
-            "largest_conv_bytes": largest_weights(cost, plain_pixels)[0],
-            "largest_weight_bytes": largest_weights(cost, plain_pixels)[1],
+            "largest_conv_bytes": largest_conv, "largest_weight_bytes": largest_other,
             "attention": any(n.op_class == "attention" for n in cost.nodes),
             "conv_weight_bytes": conv_weight_bytes(cost, plain_pixels), "mem_nodes": memory_nodes(cost),
             # activations as the runtime holds them (float32 where it keeps them so)

@@ -315,8 +315,8 @@ WINOGRAD_MIN_PIXELS = 36
 
 def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int], pixels: int) -> bool:
     """Winograd F(2x2, 3x3) (native/winograd.c) for 3x3 stride-1 convs with enough channels on both
-    sides, at least WINOGRAD_MIN_PIXELS output pixels and more than the cols route takes, unless ``conv_impl`` names another route
-    (``"winograd"`` forces it for any channel count and map)."""
+    sides, at least WINOGRAD_MIN_PIXELS output pixels and more than the cols route takes, unless ``conv_impl``
+    names another route (``"winograd"`` forces it for any channel count and map)."""
     impl = lowering.options.get("conv_impl", "auto")
     if impl not in ("auto", "winograd") or not isinstance(w, np.ndarray) or w.shape[2:] != (3, 3):
         return False
