@@ -62,7 +62,7 @@ def _weight_t(lowering: Any, b: Value) -> GTensor:
 
 
 def _pad_last(v: np.ndarray, pad: int) -> np.ndarray:
-    return np.pad(v, [(0, 0)] * (v.ndim - 1) + [(0, pad)])
+    return native.aligned_pad(v, (0,) * (v.ndim - 1) + (pad,))
 
 
 def k_rows(lowering: Any, a: GTensor) -> GTensor:
