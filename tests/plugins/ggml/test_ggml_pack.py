@@ -114,13 +114,26 @@ def test_winograd_kernel(oc, c):
     assert not got[:, :, c:].any()
 
 
+@pytest.mark.parametrize("shape,after,threads", [((5,), (3,), None), ((7, 9), (0, 7), 1), ((640, 11520), (0, 16), 2),
+                                                 ((33, 5, 3, 3), (0, 3, 0, 0), 2), ((2, 3, 4), (1, 2, 3), None)])
+def test_aligned_pad(shape, after, threads):
+    """``aligned_pad`` is ``numpy.pad`` with zeros at the ends, written into aligned memory (split among threads for
+    a large weight: the 640 x 11520 one, a transposed view of it too)."""
+    a = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
+    for src in (a, a.T.T if a.ndim < 2 else np.ascontiguousarray(a.T).T):
+        got = native.aligned_pad(src, after, threads)
+        want = np.pad(src, [(0, p) for p in after])
+        assert got.ctypes.data % native.HOST_ALIGN == 0 and got.flags.c_contiguous
+        np.testing.assert_array_equal(got, want)
+
+
 def test_the_layouts_reach_ggml_without_another_copy():
     from sdrt_ggml.lower import host_array
 
     w = _hard((40, 70), 3)
     k = _hard((20, 35, 3, 3), 4)
     for made, source in ((native.pack_b_bf16(w.T), w), (native.pack_b(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k),
-                         (native.winograd_weights(k, 48), k)):
+                         (native.winograd_weights(k, 48), k), (native.aligned_pad(w, (0, 16)), w)):
         assert made.ctypes.data % native.HOST_ALIGN == 0
         assert host_array(made, made.dtype.name, source) is made
 

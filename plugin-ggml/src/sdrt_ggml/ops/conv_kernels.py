@@ -431,8 +431,8 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
     if bf16:  # bf16 rows, the packed route (native/conv.c, conv_unit_bf16)
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
-        ld = native.row_stride(k)
-        wt = lowering.const(w, transform=lambda a: native.aligned_pad(a.reshape(oc, k), (0, ld - k)), tag=f"rows{ld}")
+        ld, threads = native.row_stride(k), native.threads_of(lowering)
+        wt = lowering.const(w, transform=lambda a: native.aligned_pad(a.reshape(oc, k), (0, ld - k), threads), tag=f"rows{ld}")
     src = x.ptr
     # a pointwise conv runs its plane as one row (native/conv.c): slices of it need no pads
     padded = direct_ok(lowering, nat, strides, oh * ow if pointwise else ow, oc) and cscale is None

@@ -95,7 +95,8 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
         GEMM, tap, window and row-copy routes make their own transformed copy, and an unused plain one held
         every such conv's kernel twice (float32 SD 1.5 UNet: 2.36 GB of 3.4)."""
         if cp != c:
-            return lowering.const(w, transform=lambda a: native.aligned_pad(a, (0, cp - c, 0, 0)),
+            threads = native.threads_of(lowering)
+            return lowering.const(w, transform=lambda a: native.aligned_pad(a, (0, cp - c, 0, 0), threads),
                                   tag=f"c{cp}")
         return lowering.const(w)
 
@@ -124,7 +125,8 @@ def conv2d(lowering: Any, x: GTensor, w: np.ndarray | GTensor, bias: Value | Non
         if nat is None and want_pad(lowering, c) and oh * ow * c * oc >= 2_000_000:
             # aligned K for the fast GEMM, only for large products (docs/ggml.md, "Measured choices")
             kp = aligned(c)
-            wt = lowering.const(w, transform=lambda a: native.aligned_pad(a, (0, kp - c, 0, 0)), tag=f"c{kp}")
+            threads = native.threads_of(lowering)
+            wt = lowering.const(w, transform=lambda a: native.aligned_pad(a, (0, kp - c, 0, 0), threads), tag=f"c{kp}")
         else:
             wt = kernel() if nat is None else None  # the native GEMM packs ``w`` itself
         fused = isinstance(bias, np.ndarray) and nat is not None  # the native GEMM adds it as it stores
