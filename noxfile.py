@@ -59,7 +59,8 @@ def tests(session: nox.Session) -> None:
         return
     # one pytest process per test folder: a single process over the whole suite ran out of memory maps
     # (vm.max_map_count, 65530) at 95%, anonymous maps of compiled models and server threads adding up module by module
-    # each folder's ten slowest tests printed: CI's margin is thinnest on the slowest CPU (81 of 90 min on a 2-core Zen 3)
+    # each folder's ten slowest tests printed: CI's margin is thinnest on the slowest CPU (81-93 of 90 min on a
+    # 2-core Zen 3)
     for folder in sorted(d for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.rglob("test_*.py"))):
         session.run("pytest", "-q", "-ra", "--durations=10", str(folder.relative_to(ROOT)), env=env)
 

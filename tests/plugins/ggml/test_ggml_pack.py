@@ -120,7 +120,7 @@ def test_aligned_pad(shape, after, threads):
     """``aligned_pad`` is ``numpy.pad`` with zeros at the ends, written into aligned memory (split among threads for
     a large weight: the 640 x 11520 one, a transposed view of it too)."""
     a = np.random.default_rng(len(shape)).standard_normal(shape).astype(np.float32)
-    for src in (a, a.T.T if a.ndim < 2 else np.ascontiguousarray(a.T).T):
+    for src in (a, np.ascontiguousarray(a.T).T) if a.ndim > 1 else (a,):
         got = native.aligned_pad(src, after, threads)
         want = np.pad(src, [(0, p) for p in after])
         assert got.ctypes.data % native.HOST_ALIGN == 0 and got.flags.c_contiguous
@@ -133,7 +133,8 @@ def test_the_layouts_reach_ggml_without_another_copy():
     w = _hard((40, 70), 3)
     k = _hard((20, 35, 3, 3), 4)
     for made, source in ((native.pack_b_bf16(w.T), w), (native.pack_b(w.T), w), (native.bf16_rows(w), w), (native.pairs_weights(k), k),
-                         (native.winograd_weights(k, 48), k), (native.aligned_pad(w, (0, 16)), w)):
+                         (native.winograd_weights(k, 48), k),
+                         (native.aligned_pad(w, (0, 16)), w)):
         assert made.ctypes.data % native.HOST_ALIGN == 0
         assert host_array(made, made.dtype.name, source) is made
 
