@@ -173,7 +173,13 @@ def _log(*args: Any) -> None:
 
 
 def fold_node(node: Any, inputs: list[np.ndarray | None], opsets: dict[str, int]) -> list[np.ndarray]:
-    """Evaluate ``node`` on constant ``inputs`` with onnx's reference op; one array per output."""
+    """Evaluate ``node`` on constant ``inputs``: with numpy for constants and shape arithmetic
+    (``sdrt.graph.arith``), else with onnx's reference op; one array per output."""
+    from .graph.arith import numpy_fold
+
+    known = numpy_fold(node, inputs, opsets.get(node.domain or "", 17))
+    if known is not None:
+        return known
     cls = _op_class(node.domain or "", node.op_type, opsets.get(node.domain or "", 17))
     inst = cls(node, {"log": _log, "opsets": opsets, "verbose": 0, "new_ops": None, "evaluator_cls": None})
     results = inst.run(*inputs)

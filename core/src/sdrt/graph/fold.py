@@ -24,6 +24,7 @@ import numpy as np
 
 from ..errors import ModelError
 from . import onnxfile
+from .arith import numpy_fold
 from .protos import SMALL_BYTES, apply_inferred, copy_model, infer
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -282,100 +283,15 @@ def _static_dims(vi: Any) -> list[int] | None:
     return dims
 
 
-#: Constant's value attributes read without an evaluator: half the nodes a torch export folds are Constants
-#: (1,307 of 2,405 in the full-size SD 1.5 UNet), and a ReferenceEvaluator per node cost 0.08 s of its pinning
-_CONSTANT_VALUES = {"value_int": lambda a: np.array(a.i, np.int64),
-                    "value_ints": lambda a: np.array(list(a.ints), np.int64),
-                    "value_float": lambda a: np.array(a.f, np.float32),
-                    "value_floats": lambda a: np.array(list(a.floats), np.float32)}
-
-
-def _constant(node: Any) -> dict[str, np.ndarray] | None:
-    """A Constant node's value, or None where the evaluator must read it (sparse, strings, external data)."""
-    from onnx import TensorProto, numpy_helper
-
-    if len(node.attribute) != 1 or len(node.output) != 1:
-        return None
-    attr = node.attribute[0]
-    if attr.name == "value" and attr.t.data_location != TensorProto.EXTERNAL and attr.t.data_type != TensorProto.STRING:
-        return {node.output[0]: numpy_helper.to_array(attr.t)}
-    read = _CONSTANT_VALUES.get(attr.name)
-    return {node.output[0]: read(attr)} if read is not None else None
-
-
-def _shape_op(node: Any, feeds: dict[str, np.ndarray], opset: int) -> np.ndarray | None:
-    """The value of the shape arithmetic most nodes that fold are (Unsqueeze, Concat, Gather, Cast: 1,052 of the
-    1,418 the SD 1.5 text encoder, UNet and VAE fold besides Constants) computed with numpy alone, as ONNX defines
-    them; None where it leaves the node to the reference evaluator (another op, an attribute form or dtype not
-    handled here). A ReferenceEvaluator per node cost these 0.15 s of their pinning."""
-    args = [feeds[n] if n else None for n in node.input]
-    attrs = {a.name: a for a in node.attribute}
-    op = node.op_type
-    if op == "Unsqueeze" and args:
-        if opset >= 13:
-            if len(args) != 2 or args[1] is None or "axes" in attrs:
-                return None
-            axes = [int(a) for a in np.asarray(args[1]).reshape(-1)]
-        else:
-            if len(args) != 1 or "axes" not in attrs:
-                return None
-            axes = list(attrs["axes"].ints)
-        rank = args[0].ndim + len(axes)
-        norm = sorted(a + rank if a < 0 else a for a in axes)
-        if len(set(norm)) != len(norm) or any(not 0 <= a < rank for a in norm):
-            return None
-        out = args[0]
-        for a in norm:
-            out = np.expand_dims(out, a)
-        return out
-    if op == "Concat" and args and all(a is not None for a in args) and "axis" in attrs:
-        if len({a.dtype for a in args}) != 1 or len({a.ndim for a in args}) != 1 or args[0].ndim == 0:
-            return None
-        axis = int(attrs["axis"].i)
-        if not -args[0].ndim <= axis < args[0].ndim:
-            return None
-        return np.concatenate(args, axis=axis)
-    if op == "Gather" and len(args) == 2 and all(a is not None for a in args) and set(attrs) <= {"axis"}:
-        data, idx = args
-        axis = int(attrs["axis"].i) if "axis" in attrs else 0
-        if data.ndim == 0 or idx.dtype.kind not in "iu" or not -data.ndim <= axis < data.ndim:
-            return None
-        size = data.shape[axis]
-        if idx.size and (int(idx.min()) < -size or int(idx.max()) >= size):
-            return None
-        return np.take(data, idx, axis=axis)
-    if op == "Cast" and len(args) == 1 and args[0] is not None and set(attrs) == {"to"}:
-        try:
-            to = onnxfile.np_dtype(int(attrs["to"].i))
-        except (ModelError, ValueError, TypeError):
-            return None
-        # integer and bool values into integer, bool or float types: exact where the value fits, as ONNX casts
-        if args[0].dtype.kind not in "iub" or to.kind not in "iubf":
-            return None
-        if to.kind in "iu" and args[0].size and args[0].dtype.kind != "b":
-            info = np.iinfo(to)
-            if int(args[0].min()) < info.min or int(args[0].max()) > info.max:
-                return None
-        return args[0].astype(to)
-    return None
-
-
 def _evaluate(node: Any, feeds: dict[str, np.ndarray], opsets: list[Any], ir_version: int) -> dict[str, np.ndarray]:
+    opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 0)
+    known = numpy_fold(node, [feeds[n] if n else None for n in node.input], opset)
+    if known is not None:
+        return dict(zip(node.output, known))
     from onnx import helper
-    from onnx.reference import ReferenceEvaluator
+    from onnx.reference import ReferenceEvaluator  # imported only here: 12 MiB and 0.3 s of a process
 
     from ..refops import REFERENCE_FIXES
-
-    if node.op_type == "Constant":
-        known = _constant(node)
-        if known is not None:
-            return known
-    elif len(node.output) == 1 and node.output[0]:
-        opset = next((o.version for o in opsets if o.domain in ("", "ai.onnx")), 0)
-        with np.errstate(all="ignore"):  # an integer cast to float16 past its range: inf, as the runtime gives
-            value = _shape_op(node, feeds, opset)
-        if value is not None:
-            return {node.output[0]: np.asarray(value)}
 
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape)
               for n, a in feeds.items()]
