@@ -6,9 +6,13 @@ so what passes here passes from a fresh clone.
 
 from __future__ import annotations
 
+import os
+import subprocess
+import threading
 from pathlib import Path
 
 import nox
+from nox.command import CommandFailed
 
 ROOT = Path(__file__).parent
 nox.options.sessions = ["lint", "tests"]
@@ -60,10 +64,46 @@ def tests(session: nox.Session) -> None:
     # one pytest process per test folder: a single process over the whole suite ran out of memory maps
     # (vm.max_map_count, 65530) at 95%, anonymous maps of compiled models and server threads adding up module by module
     # each folder's ten slowest tests printed: CI's margin is thinnest on the slowest CPU (81-93 of 90 min on a
-    # 2-core Zen 3)
-    for folder in sorted(d for d in (ROOT / "tests").iterdir() if d.is_dir() and any(d.rglob("test_*.py"))):
-        session.run("pytest", "-q", "-ra", "--durations=10", str(folder.relative_to(ROOT)), env=env)
+    # 2-core Zen 3 with the folders in turn)
+    folders = [str(d.relative_to(ROOT)) for d in sorted((ROOT / "tests").iterdir())
+               if d.is_dir() and any(d.rglob("test_*.py"))]
+    beside = [f for f in folders if Path(f).name in BESIDE] if os.environ.get("SDRT_TEST_LANES", "2") != "1" else []
+    log, failed = Path(session.create_tmp()) / "beside.log", []
+    lane = threading.Thread(target=_pytest_lane, args=(session, beside, env, log, failed))
+    lane.start()
+    try:
+        for folder in (f for f in folders if f not in beside):
+            try:
+                session.run("pytest", "-q", "-ra", "--durations=10", folder, env=env)
+            except CommandFailed:
+                failed.append(folder)
+    finally:
+        lane.join()
+        if beside:
+            print(log.read_text(errors="replace"), flush=True)
+    if failed:
+        session.error(f"tests failed in {', '.join(sorted(failed))}")
 
+
+#: test folders run at the same time as the others, in a pytest process of their own (``SDRT_TEST_LANES=1``: all in
+#: turn): tests/pipelines is half of the suite's time (37-41 of 81-93 min on a 2-core Zen 3) and kept one core busy,
+#: the other idle, most of it
+BESIDE = ("pipelines",)
+
+
+def _pytest_lane(session: nox.Session, folders: list[str], env: dict[str, str], log: Path,
+                 failed: list[str]) -> None:
+    """pytest on each of ``folders`` in turn, in the session's virtualenv, its output into ``log``."""
+    child = {**os.environ, **env, "VIRTUAL_ENV": str(session.virtualenv.location),
+             "PATH": os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])}
+    with log.open("w") as out:
+        for folder in folders:
+            out.write(f"nox > pytest -q -ra --durations=10 {folder} (beside the other folders)\n")
+            out.flush()
+            done = subprocess.run([str(Path(session.bin) / "pytest"), "-q", "-ra", "--durations=10", folder],
+                                  cwd=ROOT, env=child, stdout=out, stderr=subprocess.STDOUT, check=False)
+            if done.returncode:
+                failed.append(folder)
 
 @nox.session
 def serve_ray(session: nox.Session) -> None:
