@@ -309,8 +309,12 @@ WINOGRAD_MIN_C = 32
 WINOGRAD_MIN_OC = 32
 #: the fewest output pixels at which Winograd takes a conv the cols route does not: on smaller maps its 2 x 2 tiles
 #: are mostly padding and the conv streams its 16/9-sized kernels from memory (Zen 3, 2 threads, 1280 channels, ms:
-#: 4 x 4 16.8 against the packed implicit GEMM's 6.8, 5 x 5 20.9 / 12.8, 6 x 6 25.4 / 26.4, 8 x 8 25.5 / 35.0)
-WINOGRAD_MIN_PIXELS = 36
+#: 4 x 4 16.8 against the packed implicit GEMM's 6.8, 5 x 5 20.9 / 12.8, 6 x 6 25.4 / 26.4, 8 x 8 25.5 / 35.0).
+#: An 8 x 8 map is left to the implicit GEMM all the same, for memory: the UNet's 1280-channel kernels there are the
+#: largest, and held transformed they took 0.56 GiB of the float32 SD 1.5 pipeline's peak at 256 px (5.17 -> 4.61
+#: GiB, level with diffusers'), 0.72 at 512 px, and a few seconds of its first image's compile, for about 10% of a
+#: warm step at 256 px (docs/ggml.md, "Measured choices"); the AVX-512 kernels' cols route takes these maps anyway
+WINOGRAD_MIN_PIXELS = 65
 
 
 def winograd_ok(lowering: Any, w: Any, strides: list[int], dil: list[int], pixels: int) -> bool:
