@@ -1,7 +1,7 @@
 """The values of the nodes that constant folding meets most, computed with numpy alone, as ONNX defines them.
 
 Constants, shapes and shape arithmetic are nearly all of what a torch export folds (the full-size SD 1.5 text
-encoder's ggml lowering folded 884 nodes, 877 of them Constant, Identity, Shape, Gather, Unsqueeze, Concat or Cast).
+encoder's ggml lowering folded 884 nodes, 805 of them Constant, Identity, Shape, Gather, Unsqueeze, Concat or Cast).
 onnx's reference evaluator computes any node, but importing it takes 12 MiB and 0.3 s of a process, and building
 one per node cost the SD 1.5 graphs 0.15-0.2 s of pinning: ``numpy_fold`` answers these first, and returns None
 for the rest (another op, an attribute form or dtype not handled here), which the caller leaves to the evaluator.
