@@ -74,7 +74,7 @@ def tests(session: nox.Session) -> None:
     try:
         for folder in (f for f in folders if f not in beside):
             try:
-                session.run("pytest", "-q", "-ra", "--durations=10", folder, env=env)
+                session.run(*PYTEST, folder, env=env)
             except CommandFailed:
                 failed.append(folder)
     finally:
@@ -89,6 +89,8 @@ def tests(session: nox.Session) -> None:
 #: turn): tests/pipelines is half of the suite's time (37-41 of 81-93 min on a 2-core Zen 3) and kept one core busy,
 #: the other idle, most of it
 BESIDE = ("pipelines",)
+#: each folder's pytest command (its ten slowest tests printed)
+PYTEST = ("pytest", "-q", "-ra", "--durations=10")
 
 
 def _pytest_lane(session: nox.Session, folders: list[str], env: dict[str, str], log: Path,
@@ -98,12 +100,13 @@ def _pytest_lane(session: nox.Session, folders: list[str], env: dict[str, str], 
              "PATH": os.pathsep.join([str(session.bin), os.environ.get("PATH", "")])}
     with log.open("w") as out:
         for folder in folders:
-            out.write(f"nox > pytest -q -ra --durations=10 {folder} (beside the other folders)\n")
+            out.write(f"nox > {' '.join(PYTEST)} {folder} (beside the other folders)\n")
             out.flush()
-            done = subprocess.run([str(Path(session.bin) / "pytest"), "-q", "-ra", "--durations=10", folder],
+            done = subprocess.run([str(Path(session.bin) / PYTEST[0]), *PYTEST[1:], folder],
                                   cwd=ROOT, env=child, stdout=out, stderr=subprocess.STDOUT, check=False)
             if done.returncode:
                 failed.append(folder)
+
 
 @nox.session
 def serve_ray(session: nox.Session) -> None:
