@@ -278,11 +278,62 @@ _I64 = np.array([[3, -1, 7], [0, 2, 5]], np.int64)
     ("Constant", [], {"value_ints": [1, -1, 768]}, 17),
     ("Constant", [], {"value_float": 0.5}, 17),
     ("Constant", [], {"value": numpy_helper.from_array(np.array([[1.5, -2.0]], np.float16))}, 17),
+    # the rest of an SD pipeline's folds: the attention scale, the causal mask, slices and integer arithmetic
+    ("Cast", [np.array([-2.7, 0.5, 3.9], np.float32)], {"to": 7}, 17),  # toward zero
+    ("Cast", [np.array([1.0e6, -0.1], np.float64)], {"to": 10}, 17),  # past float16: inf
+    ("Cast", [np.array([0.0, np.nan, -1.5], np.float32)], {"to": 9}, 17),
+    ("Sqrt", [np.array([64.0], np.float32)], {}, 17),
+    ("Sqrt", [np.array([2.0, -1.0], np.float16)], {}, 17),  # NaN
+    ("Neg", [np.array([1.5, -0.0], np.float32)], {}, 17),
+    ("Div", [np.array([1.0], np.float32), np.array([8.0], np.float32)], {}, 17),
+    ("Div", [np.array([1.0, -1.0, 0.0], np.float32), np.array(0.0, np.float32)], {}, 17),  # inf, -inf, NaN
+    ("Div", [np.array([7, -7, 7, -7, 6], np.int64), np.array([2, 2, -2, -2, 3], np.int64)], {}, 17),  # toward 0
+    ("Div", [np.array(320, np.int64), np.array(8, np.int64)], {}, 17),
+    ("Mul", [np.array([2], np.int64), np.array(40, np.int64)], {}, 17),
+    ("Mul", [_I64, np.array([[2], [3]], np.int64)], {}, 17),
+    ("Mul", [np.array([2**62], np.int64), np.array([4], np.int64)], {}, 17),  # wraps, as the runtime's does
+    ("Add", [np.array([1, 77], np.int64), np.array([-1], np.int64)], {}, 17),
+    ("Sub", [np.array([0.5], np.float16), np.array([[1.0], [2.0]], np.float16)], {}, 17),
+    ("Equal", [np.triu(np.ones((4, 4), np.float32), 1), np.array([1.0], np.float32)], {}, 17),
+    ("Equal", [np.array([2, 3], np.int64), np.array([3, 3], np.int64)], {}, 17),
+    ("Less", [_I64, np.array(2, np.int64)], {}, 17),
+    ("Greater", [np.array([0.5, np.nan], np.float32), np.array(0.0, np.float32)], {}, 17),
+    ("Where", [np.array([[True, False], [False, True]]), np.array([-1e9], np.float32), np.array([0.0], np.float32)],
+     {}, 17),
+    ("Where", [np.array([True, False]), np.array([1, 2], np.int64), np.array(0, np.int64)], {}, 17),
+    ("Trilu", [np.full((4, 4), 7.0, np.float32)], {}, 14),
+    ("Trilu", [np.full((4, 4), 7.0, np.float32), np.array(1, np.int64)], {"upper": 1}, 14),
+    ("Trilu", [np.arange(24, dtype=np.float32).reshape(2, 3, 4), np.array(-1, np.int64)], {"upper": 0}, 14),
+    ("Expand", [np.array([-1e9], np.float32), np.array([77, 77], np.int64)], {}, 17),
+    ("Expand", [np.array([[1], [2]], np.int64), np.array([1, 1, 3], np.int64)], {}, 17),  # rank and 1s from data
+    ("Slice", [np.array([2, 4, 64, 64], np.int64), np.array([2], np.int64), np.array([2**63 - 1], np.int64)], {}, 17),
+    ("Slice", [_I64, np.array([0, -1], np.int64), np.array([1, -4], np.int64), np.array([0, 1], np.int64),
+               np.array([1, -1], np.int64)], {}, 17),  # a negative step through index 0
+    ("Slice", [np.arange(10, dtype=np.int64), np.array([-100], np.int64), np.array([100], np.int64),
+               np.array([-1], np.int64), np.array([3], np.int64)], {}, 17),
+    ("Slice", [np.arange(10, dtype=np.int64), np.array([8], np.int64), np.array([2], np.int64)], {}, 13),  # empty
+    ("Slice", [np.arange(12, dtype=np.float32).reshape(3, 4), np.array([1], np.int32), np.array([3], np.int32),
+               np.array([-1], np.int32)], {}, 17),
+    ("Reshape", [np.arange(6, dtype=np.int64), np.array([2, -1], np.int64)], {}, 17),
+    ("Reshape", [np.zeros((2, 3, 4), np.float32), np.array([0, -1], np.int64)], {}, 17),  # 0 copies the dim
+    ("Reshape", [np.zeros((3, 0), np.float32), np.array([0, 3], np.int64)], {"allowzero": 1}, 17),  # a 0 dim
+    ("ConstantOfShape", [np.array([2, 3], np.int64)], {}, 17),
+    ("ConstantOfShape", [np.array([3], np.int64)], {"value": numpy_helper.from_array(np.array([1], np.int64))}, 17),
+    ("ConstantOfShape", [np.array([], np.int64)], {"value": numpy_helper.from_array(np.array([0.5], np.float16))},
+     17),
+    ("Range", [np.array(0, np.int64), np.array(77, np.int64), np.array(1, np.int64)], {}, 17),
+    ("Range", [np.array(10, np.int32), np.array(-3, np.int32), np.array(-4, np.int32)], {}, 17),
+    ("Range", [np.array(5, np.int64), np.array(1, np.int64), np.array(2, np.int64)], {}, 17),  # empty
+    ("ArgMax", [np.array([[3, 9, 9, 1], [4, 0, 2, 8]], np.int64)], {"axis": -1}, 17),
+    ("ArgMax", [np.array([[3, 9, 9, 1], [4, 0, 2, 8]], np.int32)], {"axis": 1, "keepdims": 0}, 17),
+    ("ArgMax", [np.array([[3, 9, 9, 1], [4, 0, 2, 8]], np.int64)], {"axis": 1, "keepdims": 0,
+                                                                    "select_last_index": 1}, 17),
+    ("ArgMax", [np.array([[0.5, -1.0], [2.0, 2.0]], np.float32)], {}, 17),
 ])
 def test_shape_arithmetic_folds_to_what_onnx_reference_evaluator_gives(op, inputs, attrs, opset):
-    """Constant, Identity, Shape, Size, Unsqueeze, Concat, Gather and Cast fold with numpy alone (graph.arith), in
+    """Constants, shape arithmetic and the other ops an SD pipeline folds fold with numpy alone (graph.arith), in
     ``Graph.fold_constants`` and in the plugins' lowering (``sdrt.lowering.fold_node``): the same values, dtypes and
-    shapes as onnx's ReferenceEvaluator gives for the node."""
+    shapes as onnx's ReferenceEvaluator gives for the node (NaN where it gives NaN)."""
     from onnx import helper
     from onnx.reference import ReferenceEvaluator
 
@@ -293,17 +344,15 @@ def test_shape_arithmetic_folds_to_what_onnx_reference_evaluator_gives(op, input
     names = [f"i{k}" for k in range(len(inputs))]
     node = helper.make_node(op, names, ["out"], **attrs)
     feeds = dict(zip(names, inputs))
-    with np.errstate(over="ignore"):
-        assert numpy_fold(node, inputs, opset) is not None  # the numpy path, not the evaluator, made it
+    assert numpy_fold(node, inputs, opset) is not None  # the numpy path, not the evaluator, made it
     got = _evaluate(node, feeds, [helper.make_opsetid("", opset)], 8)["out"]
     ins = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(a.dtype), a.shape) for n, a in feeds.items()]
     model = helper.make_model(helper.make_graph([node], "g", ins, [helper.make_empty_tensor_value_info("out")]),
                               opset_imports=[helper.make_opsetid("", opset)], ir_version=8)
-    with np.errstate(over="ignore"):  # 70000 as float16: inf
+    with np.errstate(all="ignore"):  # 70000 as float16: inf; the square root of -1: NaN
         (want,) = ReferenceEvaluator(model).run(None, feeds)
     want = np.asarray(want)
-    with np.errstate(over="ignore"):
-        (lowered,) = fold_node(node, inputs, {"": opset})
+    (lowered,) = fold_node(node, inputs, {"": opset})
     for value in (got, lowered):
         assert value.dtype == want.dtype and value.shape == want.shape
         np.testing.assert_array_equal(value, want)
@@ -311,7 +360,16 @@ def test_shape_arithmetic_folds_to_what_onnx_reference_evaluator_gives(op, input
 
 @pytest.mark.parametrize("op,inputs,attrs", [
     ("Gather", [np.array([2, 3], np.int64), np.array([2], np.int64)], {}),  # out of range: the evaluator says so
-    ("Cast", [np.array([1.7], np.float32)], {"to": 7}),  # from a float: left to the evaluator
+    ("Cast", [np.array([1.7, np.nan], np.float32)], {"to": 7}),  # NaN into an integer: left to the evaluator
+    ("Cast", [np.array([3.0e10], np.float64)], {"to": 6}),  # past int32's range
+    ("Div", [np.array([4, 5], np.int64), np.array([2, 0], np.int64)], {}),  # an integer divided by 0
+    ("Add", [np.array([1], np.int64), np.array([1], np.int32)], {}),  # mixed dtypes
+    ("Range", [np.array(0.0, np.float32), np.array(1.0, np.float32), np.array(0.1, np.float32)], {}),  # floats
+    ("Range", [np.array(0, np.int64), np.array(4, np.int64), np.array(0, np.int64)], {}),  # a zero step
+    ("Slice", [np.arange(4, dtype=np.int64), np.array([0], np.int64), np.array([2], np.int64),
+               np.array([0], np.int64), np.array([0], np.int64)], {}),  # a zero step
+    ("Expand", [np.array([1, 2, 3], np.int64), np.array([2], np.int64)], {}),  # does not broadcast
+    ("Reshape", [np.zeros(6, np.float32), np.array([4, -1], np.int64)], {}),  # 6 into 4 x ?
     ("Cast", [np.array([300], np.int64)], {"to": 2}),  # does not fit uint8
     ("Concat", [np.array([1], np.int64), np.array([1], np.int32)], {"axis": 0}),  # mixed dtypes
     ("Unsqueeze", [_I64, np.array([0, 0], np.int64)], {}),  # an axis twice

@@ -1,15 +1,18 @@
-"""The values of the nodes that constant folding meets most, computed with numpy alone, as ONNX defines them.
+"""The values of the nodes that constant folding meets, computed with numpy alone, as ONNX defines them.
 
 Constants, shapes and shape arithmetic are nearly all of what a torch export folds (the full-size SD 1.5 text
-encoder's ggml lowering folded 884 nodes, 805 of them Constant, Identity, Shape, Gather, Unsqueeze, Concat or Cast).
-onnx's reference evaluator computes any node, but importing it takes 12 MiB and 0.3 s of a process, and building
-one per node cost the SD 1.5 graphs 0.15-0.2 s of pinning: ``numpy_fold`` answers these first, and returns None
-for the rest (another op, an attribute form or dtype not handled here), which the caller leaves to the evaluator.
-``Graph.fold_constants`` (``fold``) and the plugins' lowering (``sdrt.lowering.fold_node``) both use it.
+encoder's ggml lowering folded 884 nodes, 805 of them Constant, Identity, Shape, Gather, Unsqueeze, Concat or Cast);
+the rest of an SD pipeline's folds are the attention scale (Sqrt, Div, Cast of a float), the causal mask (Trilu,
+Equal, Where, Expand), Slice, Reshape, ConstantOfShape, integer Add/Mul/Div, Range and ArgMax. onnx's reference
+evaluator computes any node, but importing it takes 12 MiB and 0.3 s of a process, and building one per node cost
+the SD 1.5 graphs 0.15-0.2 s of pinning: ``numpy_fold`` answers these, and returns None for the rest (another op,
+an attribute form, dtype or value not handled here: a float Range, a Cast of NaN), which the caller leaves to the
+evaluator. ``Graph.fold_constants`` (``fold``) and the plugins' lowering (``sdrt.lowering.fold_node``) both use it.
 """
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -51,64 +54,255 @@ def _shape(node: Any, args: list[np.ndarray | None], attrs: dict[str, Any]) -> n
     return np.array(args[0].shape[start:end], np.int64)
 
 
-def _arith(node: Any, args: list[np.ndarray | None], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
-    op = node.op_type
-    if op == "Unsqueeze" and args:
-        if opset >= 13:
-            if len(args) != 2 or args[1] is None or "axes" in attrs:
+def _axes_of(values: Any, rank: int) -> list[int] | None:
+    """Axes as ONNX gives them (negative from the end), each once and within ``rank``; None otherwise."""
+    axes = [int(a) + rank if int(a) < 0 else int(a) for a in np.asarray(values).reshape(-1)]
+    return axes if len(set(axes)) == len(axes) and all(0 <= a < rank for a in axes) else None
+
+
+def _ints(value: np.ndarray | None) -> list[int] | None:
+    """A 1-D integer tensor's values (shapes, starts, axes), or None for another kind of input."""
+    if value is None or value.dtype.kind not in "iu" or value.ndim != 1:
+        return None
+    return [int(v) for v in value]
+
+
+def _unsqueeze(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if opset >= 13:
+        if len(args) != 2 or args[1] is None or "axes" in attrs:
+            return None
+        axes_in = np.asarray(args[1])
+    else:
+        if len(args) != 1 or "axes" not in attrs:
+            return None
+        axes_in = np.array(list(attrs["axes"].ints), np.int64)
+    if args[0] is None:
+        return None
+    norm = _axes_of(axes_in, args[0].ndim + axes_in.size)
+    if norm is None:
+        return None
+    out = args[0]
+    for a in sorted(norm):
+        out = np.expand_dims(out, a)
+    return out
+
+
+def _concat(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if not args or any(a is None for a in args) or "axis" not in attrs:
+        return None
+    if len({a.dtype for a in args}) != 1 or len({a.ndim for a in args}) != 1 or args[0].ndim == 0:
+        return None
+    axis = int(attrs["axis"].i)
+    if not -args[0].ndim <= axis < args[0].ndim:
+        return None
+    return np.concatenate(args, axis=axis)
+
+
+def _gather(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 2 or any(a is None for a in args) or set(attrs) - {"axis"}:
+        return None
+    data, idx = args
+    axis = int(attrs["axis"].i) if "axis" in attrs else 0
+    if data.ndim == 0 or idx.dtype.kind not in "iu" or not -data.ndim <= axis < data.ndim:
+        return None
+    size = data.shape[axis]
+    if idx.size and (int(idx.min()) < -size or int(idx.max()) >= size):
+        return None
+    return np.take(data, idx, axis=axis)
+
+
+def _cast(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 1 or args[0] is None or set(attrs) != {"to"}:
+        return None
+    x = args[0]
+    try:
+        to = onnxfile.np_dtype(int(attrs["to"].i))
+    except (ModelError, ValueError, TypeError):
+        return None
+    if x.dtype.kind not in "iubf" or to.kind not in "iubf" or (x.dtype.kind == "f" and x.dtype.itemsize not in (2, 4, 8)):
+        return None  # strings, bfloat16 and the float8s: the evaluator's own conversions
+    if to.kind in "iu" and x.size and x.dtype.kind != "b":
+        # into an integer type: exact where every value is finite and fits (a float truncates toward zero, as
+        # C's cast and the runtimes do); NaN, inf and values past the range are left to the evaluator
+        if x.dtype.kind == "f" and not np.isfinite(x).all():
+            return None
+        info = np.iinfo(to)
+        low, high = (np.trunc(x.min()), np.trunc(x.max())) if x.dtype.kind == "f" else (int(x.min()), int(x.max()))
+        if low < info.min or high > info.max:
+            return None
+    with np.errstate(all="ignore"):  # past float16's range: inf, as the runtime gives
+        return x.astype(to)
+
+
+def _slice(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    """Slice from opset 10 (starts, ends, axes and steps as inputs), each index clamped as ONNX says."""
+    if opset < 10 or attrs or not 3 <= len(args) <= 5 or args[0] is None or args[0].ndim == 0:
+        return None
+    data = args[0]
+    starts, ends = _ints(args[1]), _ints(args[2])
+    if starts is None or ends is None or len(starts) != len(ends):
+        return None
+    axes_in = args[3] if len(args) > 3 and args[3] is not None else np.arange(len(starts))
+    steps = _ints(args[4]) if len(args) > 4 and args[4] is not None else [1] * len(starts)
+    axes = _axes_of(axes_in, data.ndim) if np.asarray(axes_in).dtype.kind in "iu" else None
+    if axes is None or steps is None or len(axes) != len(starts) or len(steps) != len(starts) or 0 in steps:
+        return None
+    index: list[slice] = [slice(None)] * data.ndim
+    for axis, start, end, step in zip(axes, starts, ends, steps):
+        dim = data.shape[axis]
+        start, end = start + dim if start < 0 else start, end + dim if end < 0 else end
+        if step > 0:
+            start, end = min(max(start, 0), dim), min(max(end, 0), dim)
+        else:  # from start down to just past end; -1 there means through index 0, which a Python slice says as None
+            start, end = min(max(start, 0), dim - 1), min(max(end, -1), dim - 1)
+        index[axis] = slice(start, None if end < 0 else end, step)
+    return data[tuple(index)].copy()
+
+
+def _expand(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    shape = _ints(args[1]) if len(args) == 2 else None
+    if args[0] is None or shape is None or attrs or any(d < 0 for d in shape):
+        return None
+    try:
+        out_shape = np.broadcast_shapes(args[0].shape, tuple(shape))
+    except ValueError:
+        return None
+    return np.broadcast_to(args[0], out_shape).copy()
+
+
+def _reshape(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    shape = _ints(args[1]) if len(args) == 2 else None
+    if args[0] is None or shape is None or set(attrs) - {"allowzero"}:
+        return None
+    allowzero = int(attrs["allowzero"].i) if "allowzero" in attrs else 0
+    if allowzero and 0 in shape and -1 in shape:
+        return None  # invalid in ONNX
+    if not allowzero:
+        if any(d == 0 and k >= args[0].ndim for k, d in enumerate(shape)):
+            return None
+        shape = [args[0].shape[k] if d == 0 else d for k, d in enumerate(shape)]
+    if shape.count(-1) > 1 or any(d < -1 for d in shape):
+        return None
+    try:
+        return args[0].reshape(shape).copy()
+    except ValueError:
+        return None
+
+
+def _constant_of_shape(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    from onnx import numpy_helper
+
+    shape = _ints(args[0]) if len(args) == 1 else None
+    if shape is None or any(d < 0 for d in shape) or set(attrs) - {"value"}:
+        return None
+    value = numpy_helper.to_array(attrs["value"].t) if "value" in attrs else np.zeros(1, np.float32)
+    if value.size != 1 or value.dtype.kind not in "iubf":
+        return None
+    return np.full(shape, value.reshape(-1)[0], dtype=value.dtype)
+
+
+def _range(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    """Range of integers (floats accumulate as the runtime does: left to the evaluator)."""
+    if len(args) != 3 or attrs or any(a is None or a.size != 1 or a.dtype.kind not in "iu" for a in args):
+        return None
+    if len({a.dtype for a in args}) != 1:
+        return None
+    start, limit, delta = (int(a.reshape(-1)[0]) for a in args)
+    if delta == 0:
+        return None
+    count = max(-((start - limit) // delta), 0)  # ceil((limit - start) / delta), exactly
+    return (start + np.arange(count, dtype=np.int64) * delta).astype(args[0].dtype)
+
+
+def _trilu(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if not 1 <= len(args) <= 2 or args[0] is None or args[0].ndim < 2 or set(attrs) - {"upper"}:
+        return None
+    k = 0
+    if len(args) == 2 and args[1] is not None:
+        if args[1].size != 1 or args[1].dtype.kind not in "iu":
+            return None
+        k = int(args[1].reshape(-1)[0])
+    upper = int(attrs["upper"].i) if "upper" in attrs else 1
+    return np.triu(args[0], k) if upper else np.tril(args[0], k)
+
+
+def _argmax(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 1 or args[0] is None or args[0].ndim == 0 or set(attrs) - {"axis", "keepdims", "select_last_index"}:
+        return None
+    x = args[0]
+    if x.dtype.kind not in "iuf" or x.size == 0:
+        return None
+    axis = int(attrs["axis"].i) if "axis" in attrs else 0
+    if not -x.ndim <= axis < x.ndim:
+        return None
+    keep = bool(attrs["keepdims"].i) if "keepdims" in attrs else True
+    if "select_last_index" in attrs and attrs["select_last_index"].i:
+        idx = x.shape[axis] - 1 - np.argmax(np.flip(x, axis), axis=axis, keepdims=keep)
+    else:
+        idx = np.argmax(x, axis=axis, keepdims=keep)
+    return np.asarray(idx, np.int64)
+
+
+def _float(a: np.ndarray) -> bool:
+    return a.dtype.kind == "f" and a.dtype.itemsize in (2, 4, 8)
+
+
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Equal": np.equal,
+           "Less": np.less, "Greater": np.greater}
+
+
+def _binary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    """Add, Sub, Mul, Div and the comparisons of two tensors of one type, broadcast as numpy does (ONNX's
+    multidirectional broadcasting); integers wrap as the runtimes' do, an integer Div truncates toward zero."""
+    if len(args) != 2 or any(a is None for a in args) or attrs or args[0].dtype != args[1].dtype:
+        return None
+    a, b = args
+    if not (_float(a) or a.dtype.kind in "iu" or (a.dtype.kind == "b" and op == "Equal")):
+        return None
+    try:
+        np.broadcast_shapes(a.shape, b.shape)
+    except ValueError:
+        return None
+    with np.errstate(all="ignore"):  # a float's inf and NaN, an integer's wrap: what the runtime computes
+        if op == "Div" and a.dtype.kind in "iu":
+            if (b == 0).any():
                 return None
-            axes = [int(a) for a in np.asarray(args[1]).reshape(-1)]
-        else:
-            if len(args) != 1 or "axes" not in attrs:
-                return None
-            axes = list(attrs["axes"].ints)
-        if args[0] is None:
-            return None
-        rank = args[0].ndim + len(axes)
-        norm = sorted(a + rank if a < 0 else a for a in axes)
-        if len(set(norm)) != len(norm) or any(not 0 <= a < rank for a in norm):
-            return None
-        out = args[0]
-        for a in norm:
-            out = np.expand_dims(out, a)
-        return out
-    if op == "Concat" and args and all(a is not None for a in args) and "axis" in attrs:
-        if len({a.dtype for a in args}) != 1 or len({a.ndim for a in args}) != 1 or args[0].ndim == 0:
-            return None
-        axis = int(attrs["axis"].i)
-        if not -args[0].ndim <= axis < args[0].ndim:
-            return None
-        return np.concatenate(args, axis=axis)
-    if op == "Gather" and len(args) == 2 and all(a is not None for a in args) and set(attrs) <= {"axis"}:
-        data, idx = args
-        axis = int(attrs["axis"].i) if "axis" in attrs else 0
-        if data.ndim == 0 or idx.dtype.kind not in "iu" or not -data.ndim <= axis < data.ndim:
-            return None
-        size = data.shape[axis]
-        if idx.size and (int(idx.min()) < -size or int(idx.max()) >= size):
-            return None
-        return np.take(data, idx, axis=axis)
-    if op == "Cast" and len(args) == 1 and args[0] is not None and set(attrs) == {"to"}:
-        try:
-            to = onnxfile.np_dtype(int(attrs["to"].i))
-        except (ModelError, ValueError, TypeError):
-            return None
-        # integer and bool values into integer, bool or float types: exact where the value fits, as ONNX casts
-        if args[0].dtype.kind not in "iub" or to.kind not in "iubf":
-            return None
-        if to.kind in "iu" and args[0].size and args[0].dtype.kind != "b":
-            info = np.iinfo(to)
-            if int(args[0].min()) < info.min or int(args[0].max()) > info.max:
-                return None
-        with np.errstate(all="ignore"):  # an integer cast to float16 past its range: inf, as the runtime gives
-            return args[0].astype(to)
-    return None
+            q = np.floor_divide(a, b)
+            return np.where((q < 0) & (q * b != a), q + 1, q).astype(a.dtype)  # toward zero, exactly
+        out = _BINARY[op](a, b)
+    return np.asarray(out) if op in ("Equal", "Less", "Greater") else np.asarray(out, a.dtype)
+
+
+def _where(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 3 or any(a is None for a in args) or attrs or args[0].dtype != np.bool_:
+        return None
+    if args[1].dtype != args[2].dtype:
+        return None
+    try:
+        np.broadcast_shapes(*(a.shape for a in args))
+    except ValueError:
+        return None
+    return np.where(*args).astype(args[1].dtype)
+
+
+def _unary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 1 or args[0] is None or attrs or not _float(args[0]):
+        return None
+    with np.errstate(all="ignore"):  # the square root of a negative: NaN, as the runtime gives
+        return np.asarray(np.sqrt(args[0]) if op == "Sqrt" else np.negative(args[0]), args[0].dtype)
+
+
+_OPS = {"Unsqueeze": _unsqueeze, "Concat": _concat, "Gather": _gather, "Cast": _cast, "Slice": _slice,
+        "Expand": _expand, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape, "Range": _range,
+        "Trilu": _trilu, "ArgMax": _argmax, "Where": _where}
+_OPS.update({op: partial(_binary, op) for op in _BINARY})
+_OPS.update({op: partial(_unary, op) for op in ("Sqrt", "Neg")})
 
 
 def numpy_fold(node: Any, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     """The value of each of ``node``'s outputs, from its constant inputs ``args`` (None for an input left out),
-    for Constant, Identity, Shape, Size, Unsqueeze, Concat, Gather and Cast of integers; None where the node is
-    another op or a form of one not handled here (the caller asks onnx's reference evaluator)."""
+    for Constant, Identity, Shape, Size and the ops of ``_OPS``; None where the node is another op or a form of one
+    not handled here (the caller asks onnx's reference evaluator)."""
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
         return None
     op = node.op_type
@@ -118,7 +312,11 @@ def numpy_fold(node: Any, args: list[np.ndarray | None], opset: int) -> list[np.
         value = args[0].copy() if len(args) == 1 and isinstance(args[0], np.ndarray) else None
     else:
         attrs = {a.name: a for a in node.attribute}
-        value = _shape(node, args, attrs) if op in ("Shape", "Size") else _arith(node, args, attrs, opset)
+        if op in ("Shape", "Size"):
+            value = _shape(node, args, attrs)
+        else:
+            fold = _OPS.get(op)
+            value = fold(args, attrs, opset) if fold is not None else None
     return None if value is None else [np.asarray(value)]
 
 
