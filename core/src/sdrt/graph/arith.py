@@ -3,11 +3,13 @@
 Constants, shapes and shape arithmetic are nearly all of what a torch export folds (the full-size SD 1.5 text
 encoder's ggml lowering folded 884 nodes, 805 of them Constant, Identity, Shape, Gather, Unsqueeze, Concat or Cast);
 the rest of an SD pipeline's folds are the attention scale (Sqrt, Div, Cast of a float), the causal mask (Trilu,
-Equal, Where, Expand), Slice, Reshape, ConstantOfShape, integer Add/Mul/Div, Range and ArgMax. onnx's reference
-evaluator computes any node, but importing it takes 12 MiB and 0.3 s of a process, and building one per node cost
-the SD 1.5 graphs 0.15-0.2 s of pinning: ``numpy_fold`` answers these, and returns None for the rest (another op,
-an attribute form, dtype or value not handled here: a float Range, a Cast of NaN), which the caller leaves to the
-evaluator. ``Graph.fold_constants`` (``fold``) and the plugins' lowering (``sdrt.lowering.fold_node``) both use it.
+Equal, Where, Expand), Slice, Reshape, ConstantOfShape, integer Add/Mul/Div, Range and ArgMax; T5's relative
+position buckets (Abs, Neg, Min, Log, Cast, Transpose) and Flux's and Chroma's (Mod, Squeeze, Pow, Sin, Cos, And,
+Not) add a few more. onnx's reference evaluator computes any node, but importing it takes 12 MiB and 0.3 s of a
+process, and building one per node cost the SD 1.5 graphs 0.15-0.2 s of pinning: ``numpy_fold`` answers these, and
+returns None for the rest (another op, an attribute form, dtype or value not handled here: a float Range, an
+integer divided by 0), which the caller leaves to the evaluator. ``Graph.fold_constants`` (``fold``) and the
+plugins' lowering (``sdrt.lowering.fold_node``) both use it.
 """
 
 from __future__ import annotations
@@ -121,16 +123,14 @@ def _cast(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | No
         return None
     if x.dtype.kind not in "iubf" or to.kind not in "iubf" or (x.dtype.kind == "f" and x.dtype.itemsize not in (2, 4, 8)):
         return None  # strings, bfloat16 and the float8s: the evaluator's own conversions
-    if to.kind in "iu" and x.size and x.dtype.kind != "b":
-        # into an integer type: exact where every value is finite and fits (a float truncates toward zero, as
-        # C's cast and the runtimes do); NaN, inf and values past the range are left to the evaluator
-        if x.dtype.kind == "f" and not np.isfinite(x).all():
-            return None
+    if to.kind in "iu" and x.size and x.dtype.kind in "iu":  # an integer into a narrower one: where it fits
         info = np.iinfo(to)
-        low, high = (np.trunc(x.min()), np.trunc(x.max())) if x.dtype.kind == "f" else (int(x.min()), int(x.max()))
-        if low < info.min or high > info.max:
+        if int(x.min()) < info.min or int(x.max()) > info.max:
             return None
-    with np.errstate(all="ignore"):  # past float16's range: inf, as the runtime gives
+    # a float into an integer truncates toward zero, as C's cast; NaN, inf and values past the range (T5's log of a
+    # 0 position, masked off later) become what the CPU's conversion gives, as in the runtimes and the evaluator;
+    # past float16's range: inf
+    with np.errstate(all="ignore"):
         return x.astype(to)
 
 
@@ -247,30 +247,49 @@ def _float(a: np.ndarray) -> bool:
     return a.dtype.kind == "f" and a.dtype.itemsize in (2, 4, 8)
 
 
-_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Equal": np.equal,
-           "Less": np.less, "Greater": np.greater}
+_BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Min": np.minimum,
+           "Max": np.maximum, "Pow": np.power, "Equal": np.equal, "Less": np.less, "Greater": np.greater,
+           "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal, "And": np.logical_and,
+           "Or": np.logical_or, "Xor": np.logical_xor}
+_COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
+
+
+def _binary_kinds(op: str, a: np.ndarray) -> bool:
+    """Whether ``op`` folds on ``a``'s dtype here: logic on bools, Pow on floats, the rest on floats and integers
+    (Equal on bools too)."""
+    if op in ("And", "Or", "Xor"):
+        return a.dtype.kind == "b"
+    if op == "Pow":
+        return _float(a)
+    return _float(a) or a.dtype.kind in "iu" or (a.dtype.kind == "b" and op == "Equal")
 
 
 def _binary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
-    """Add, Sub, Mul, Div and the comparisons of two tensors of one type, broadcast as numpy does (ONNX's
-    multidirectional broadcasting); integers wrap as the runtimes' do, an integer Div truncates toward zero."""
-    if len(args) != 2 or any(a is None for a in args) or attrs or args[0].dtype != args[1].dtype:
+    """Two tensors of one type, broadcast as numpy does (ONNX's multidirectional broadcasting): arithmetic,
+    comparisons and logic; integers wrap as the runtimes' do, an integer Div truncates toward zero, and Mod takes the
+    divisor's sign (``fmod=0``) or the dividend's (``fmod=1``)."""
+    if len(args) != 2 or any(a is None for a in args) or args[0].dtype != args[1].dtype:
         return None
     a, b = args
-    if not (_float(a) or a.dtype.kind in "iu" or (a.dtype.kind == "b" and op == "Equal")):
+    if set(attrs) - ({"fmod"} if op == "Mod" else set()):
+        return None
+    fmod = int(attrs["fmod"].i) if "fmod" in attrs else 0
+    if not (_binary_kinds(op, a) if op != "Mod" else a.dtype.kind in "iu" or (fmod and _float(a))):
         return None
     try:
         np.broadcast_shapes(a.shape, b.shape)
     except ValueError:
         return None
     with np.errstate(all="ignore"):  # a float's inf and NaN, an integer's wrap: what the runtime computes
-        if op == "Div" and a.dtype.kind in "iu":
+        if op in ("Div", "Mod") and a.dtype.kind in "iu":
             if (b == 0).any():
                 return None
+            if op == "Mod":
+                return np.asarray(np.fmod(a, b) if fmod else np.mod(a, b), a.dtype)
             q = np.floor_divide(a, b)
             return np.where((q < 0) & (q * b != a), q + 1, q).astype(a.dtype)  # toward zero, exactly
-        out = _BINARY[op](a, b)
-    return np.asarray(out) if op in ("Equal", "Less", "Greater") else np.asarray(out, a.dtype)
+        out = np.fmod(a, b) if op == "Mod" else _BINARY[op](a, b)
+    return np.asarray(out) if op in _COMPARE or a.dtype.kind == "b" else np.asarray(out, a.dtype)
 
 
 def _where(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
@@ -285,18 +304,57 @@ def _where(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | N
     return np.where(*args).astype(args[1].dtype)
 
 
+_UNARY = {"Sqrt": np.sqrt, "Log": np.log, "Exp": np.exp, "Sin": np.sin, "Cos": np.cos, "Floor": np.floor,
+          "Ceil": np.ceil, "Reciprocal": np.reciprocal, "Neg": np.negative, "Abs": np.abs, "Not": np.logical_not}
+
+
 def _unary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
-    if len(args) != 1 or args[0] is None or attrs or not _float(args[0]):
+    """One tensor: Not of bools, Neg and Abs of floats and integers, the rest of floats."""
+    if len(args) != 1 or args[0] is None or attrs:
         return None
-    with np.errstate(all="ignore"):  # the square root of a negative: NaN, as the runtime gives
-        return np.asarray(np.sqrt(args[0]) if op == "Sqrt" else np.negative(args[0]), args[0].dtype)
+    x = args[0]
+    kinds = "b" if op == "Not" else "iuf" if op in ("Neg", "Abs") else "f"
+    if x.dtype.kind not in kinds or (x.dtype.kind == "f" and not _float(x)) or (op == "Neg" and x.dtype.kind == "u"):
+        return None
+    with np.errstate(all="ignore"):  # the log of 0, the square root of a negative: -inf, NaN, as the runtime gives
+        return np.asarray(_UNARY[op](x), x.dtype)
+
+
+def _squeeze(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if not args or args[0] is None:
+        return None
+    x = args[0]
+    if opset >= 13:
+        if len(args) > 2 or attrs:
+            return None
+        given = args[1] if len(args) == 2 and args[1] is not None else None
+    else:
+        if len(args) != 1 or set(attrs) - {"axes"}:
+            return None
+        given = np.array(list(attrs["axes"].ints), np.int64) if "axes" in attrs else None
+    if given is None:
+        return x.reshape([d for d in x.shape if d != 1]).copy()
+    given = np.asarray(given)
+    axes = _axes_of(given, x.ndim) if given.size and given.dtype.kind in "iu" else None
+    if axes is None or any(x.shape[a] != 1 for a in axes):
+        return None
+    return x.reshape([d for k, d in enumerate(x.shape) if k not in axes]).copy()
+
+
+def _transpose(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    if len(args) != 1 or args[0] is None or set(attrs) - {"perm"}:
+        return None
+    perm = list(attrs["perm"].ints) if "perm" in attrs else list(range(args[0].ndim))[::-1]
+    if sorted(perm) != list(range(args[0].ndim)):
+        return None
+    return np.ascontiguousarray(np.transpose(args[0], perm))
 
 
 _OPS = {"Unsqueeze": _unsqueeze, "Concat": _concat, "Gather": _gather, "Cast": _cast, "Slice": _slice,
         "Expand": _expand, "Reshape": _reshape, "ConstantOfShape": _constant_of_shape, "Range": _range,
-        "Trilu": _trilu, "ArgMax": _argmax, "Where": _where}
-_OPS.update({op: partial(_binary, op) for op in _BINARY})
-_OPS.update({op: partial(_unary, op) for op in ("Sqrt", "Neg")})
+        "Trilu": _trilu, "ArgMax": _argmax, "Where": _where, "Squeeze": _squeeze, "Transpose": _transpose}
+_OPS.update({op: partial(_binary, op) for op in (*_BINARY, "Mod")})
+_OPS.update({op: partial(_unary, op) for op in _UNARY})
 
 
 def numpy_fold(node: Any, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
