@@ -406,6 +406,8 @@ def test_shape_arithmetic_folds_to_what_onnx_reference_evaluator_gives(op, input
 @pytest.mark.parametrize("op,inputs,attrs", [
     ("Gather", [np.array([2, 3], np.int64), np.array([2], np.int64)], {}),  # out of range: the evaluator says so
     ("Cast", [np.array([1.5], np.float32)], {"to": 8}),  # into a string
+    ("Cast", [np.array([1.5, 1e6], np.float32)], {"to": 19}),  # into float8 e5m2: saturating, the evaluator's
+    ("Cast", [np.array([1.5], np.float32)], {"to": 16}),  # into bfloat16
     ("Mod", [np.array([5.5], np.float32), np.array([2.0], np.float32)], {}),  # a float without fmod=1: invalid
     ("Mod", [np.array([5], np.int64), np.array([0], np.int64)], {}),  # by 0
     ("Pow", [np.array([2], np.int64), np.array([3], np.int64)], {}),  # integers

@@ -121,8 +121,8 @@ def _cast(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | No
         to = onnxfile.np_dtype(int(attrs["to"].i))
     except (ModelError, ValueError, TypeError):
         return None
-    if x.dtype.kind not in "iubf" or to.kind not in "iubf" or (x.dtype.kind == "f" and x.dtype.itemsize not in (2, 4, 8)):
-        return None  # strings, bfloat16 and the float8s: the evaluator's own conversions
+    if any(d.kind not in "iubf" or (d.kind == "f" and d.itemsize not in (2, 4, 8)) for d in (x.dtype, to)):
+        return None  # strings, bfloat16, the float8s (saturating) and float4: the evaluator's own conversions
     if to.kind in "iu" and x.size and x.dtype.kind in "iu":  # an integer into a narrower one: where it fits
         info = np.iinfo(to)
         if int(x.min()) < info.min or int(x.max()) > info.max:
