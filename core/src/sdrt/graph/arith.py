@@ -42,12 +42,12 @@ def _constant(node: Any) -> np.ndarray | None:
     return read(attr) if read is not None else None
 
 
-def _shape(node: Any, args: list[np.ndarray | None], attrs: dict[str, Any]) -> np.ndarray | None:
+def _shape(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
     """Shape (``start`` and ``end`` as opset 15 has them: negative from the end, clamped to the rank, as a
     Python slice reads them) and Size."""
     if len(args) != 1 or args[0] is None:
         return None
-    if node.op_type == "Size":
+    if op == "Size":
         return None if attrs else np.array(args[0].size, np.int64)
     if set(attrs) - {"start", "end"}:
         return None
@@ -62,6 +62,19 @@ def _axes_of(values: Any, rank: int) -> list[int] | None:
     return axes if len(set(axes)) == len(axes) and all(0 <= a < rank for a in axes) else None
 
 
+def _float(dtype: np.dtype) -> bool:
+    """float16, float32 or float64: the float8s (numpy kind f too) and bfloat16 are the evaluator's."""
+    return dtype.kind == "f" and dtype.itemsize in (2, 4, 8)
+
+
+def _broadcast(*shapes: tuple[int, ...]) -> tuple[int, ...] | None:
+    """The shape ``shapes`` broadcast to, ONNX's multidirectional broadcasting being numpy's; None where they do not."""
+    try:
+        return np.broadcast_shapes(*shapes)
+    except ValueError:
+        return None
+
+
 def _ints(value: np.ndarray | None) -> list[int] | None:
     """A 1-D integer tensor's values (shapes, starts, axes), or None for another kind of input."""
     if value is None or value.dtype.kind not in "iu" or value.ndim != 1:
@@ -69,21 +82,28 @@ def _ints(value: np.ndarray | None) -> list[int] | None:
     return [int(v) for v in value]
 
 
-def _unsqueeze(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
-    if opset >= 13:
-        if len(args) != 2 or args[1] is None or "axes" in attrs:
-            return None
-        axes_in = np.asarray(args[1])
-    else:
-        if len(args) != 1 or "axes" not in attrs:
-            return None
-        axes_in = np.array(list(attrs["axes"].ints), np.int64)
-    if args[0] is None:
+def _data_and_axes(args: list[Any], attrs: dict[str, Any], opset: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """Squeeze's and Unsqueeze's data and axes (an input from opset 13, the attribute before; None where not given),
+    or None for another form."""
+    if not args or args[0] is None:
         return None
-    norm = _axes_of(axes_in, args[0].ndim + axes_in.size)
+    if opset >= 13:
+        if len(args) > 2 or attrs:
+            return None
+        return args[0], (np.asarray(args[1]) if len(args) == 2 and args[1] is not None else None)
+    if len(args) != 1 or set(attrs) - {"axes"}:
+        return None
+    return args[0], (np.array(list(attrs["axes"].ints), np.int64) if "axes" in attrs else None)
+
+
+def _unsqueeze(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
+    given = _data_and_axes(args, attrs, opset)
+    if given is None or given[1] is None:
+        return None
+    out, axes_in = given
+    norm = _axes_of(axes_in, out.ndim + axes_in.size)
     if norm is None:
         return None
-    out = args[0]
     for a in sorted(norm):
         out = np.expand_dims(out, a)
     return out
@@ -121,7 +141,7 @@ def _cast(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | No
         to = onnxfile.np_dtype(int(attrs["to"].i))
     except (ModelError, ValueError, TypeError):
         return None
-    if any(d.kind not in "iubf" or (d.kind == "f" and d.itemsize not in (2, 4, 8)) for d in (x.dtype, to)):
+    if any(d.kind not in "iub" and not _float(d) for d in (x.dtype, to)):
         return None  # strings, bfloat16, the float8s (saturating) and float4: the evaluator's own conversions
     if to.kind in "iu" and x.size and x.dtype.kind in "iu":  # an integer into a narrower one: where it fits
         info = np.iinfo(to)
@@ -163,11 +183,8 @@ def _expand(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | 
     shape = _ints(args[1]) if len(args) == 2 else None
     if args[0] is None or shape is None or attrs or any(d < 0 for d in shape):
         return None
-    try:
-        out_shape = np.broadcast_shapes(args[0].shape, tuple(shape))
-    except ValueError:
-        return None
-    return np.broadcast_to(args[0], out_shape).copy()
+    out_shape = _broadcast(args[0].shape, tuple(shape))
+    return None if out_shape is None else np.broadcast_to(args[0], out_shape).copy()
 
 
 def _reshape(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
@@ -243,10 +260,6 @@ def _argmax(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | 
     return np.asarray(idx, np.int64)
 
 
-def _float(a: np.ndarray) -> bool:
-    return a.dtype.kind == "f" and a.dtype.itemsize in (2, 4, 8)
-
-
 _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Min": np.minimum,
            "Max": np.maximum, "Pow": np.power, "Equal": np.equal, "Less": np.less, "Greater": np.greater,
            "LessOrEqual": np.less_equal, "GreaterOrEqual": np.greater_equal, "And": np.logical_and,
@@ -254,14 +267,16 @@ _BINARY = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divi
 _COMPARE = ("Equal", "Less", "Greater", "LessOrEqual", "GreaterOrEqual")
 
 
-def _binary_kinds(op: str, a: np.ndarray) -> bool:
-    """Whether ``op`` folds on ``a``'s dtype here: logic on bools, Pow on floats, the rest on floats and integers
-    (Equal on bools too)."""
+def _binary_kinds(op: str, dtype: np.dtype, fmod: int) -> bool:
+    """Whether ``op`` folds on ``dtype`` here: logic on bools, Pow on floats, Mod on integers (and on floats with
+    ``fmod=1``, the only form ONNX allows them), the rest on floats and integers (Equal on bools too)."""
     if op in ("And", "Or", "Xor"):
-        return a.dtype.kind == "b"
+        return dtype.kind == "b"
     if op == "Pow":
-        return _float(a)
-    return _float(a) or a.dtype.kind in "iu" or (a.dtype.kind == "b" and op == "Equal")
+        return _float(dtype)
+    if op == "Mod":
+        return dtype.kind in "iu" or (bool(fmod) and _float(dtype))
+    return _float(dtype) or dtype.kind in "iu" or (dtype.kind == "b" and op == "Equal")
 
 
 def _binary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
@@ -274,11 +289,9 @@ def _binary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.n
     if set(attrs) - ({"fmod"} if op == "Mod" else set()):
         return None
     fmod = int(attrs["fmod"].i) if "fmod" in attrs else 0
-    if not (_binary_kinds(op, a) if op != "Mod" else a.dtype.kind in "iu" or (fmod and _float(a))):
+    if not _binary_kinds(op, a.dtype, fmod):
         return None
-    try:
-        np.broadcast_shapes(a.shape, b.shape)
-    except ValueError:
+    if _broadcast(a.shape, b.shape) is None:
         return None
     with np.errstate(all="ignore"):  # a float's inf and NaN, an integer's wrap: what the runtime computes
         if op in ("Div", "Mod") and a.dtype.kind in "iu":
@@ -295,11 +308,7 @@ def _binary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.n
 def _where(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
     if len(args) != 3 or any(a is None for a in args) or attrs or args[0].dtype != np.bool_:
         return None
-    if args[1].dtype != args[2].dtype:
-        return None
-    try:
-        np.broadcast_shapes(*(a.shape for a in args))
-    except ValueError:
+    if args[1].dtype != args[2].dtype or _broadcast(*(a.shape for a in args)) is None:
         return None
     return np.where(*args).astype(args[1].dtype)
 
@@ -314,27 +323,19 @@ def _unary(op: str, args: list[Any], attrs: dict[str, Any], opset: int) -> np.nd
         return None
     x = args[0]
     kinds = "b" if op == "Not" else "iuf" if op in ("Neg", "Abs") else "f"
-    if x.dtype.kind not in kinds or (x.dtype.kind == "f" and not _float(x)) or (op == "Neg" and x.dtype.kind == "u"):
+    if x.dtype.kind not in kinds or (x.dtype.kind == "f" and not _float(x.dtype)) or (op == "Neg" and x.dtype.kind == "u"):
         return None
     with np.errstate(all="ignore"):  # the log of 0, the square root of a negative: -inf, NaN, as the runtime gives
         return np.asarray(_UNARY[op](x), x.dtype)
 
 
 def _squeeze(args: list[Any], attrs: dict[str, Any], opset: int) -> np.ndarray | None:
-    if not args or args[0] is None:
+    read = _data_and_axes(args, attrs, opset)
+    if read is None:
         return None
-    x = args[0]
-    if opset >= 13:
-        if len(args) > 2 or attrs:
-            return None
-        given = args[1] if len(args) == 2 and args[1] is not None else None
-    else:
-        if len(args) != 1 or set(attrs) - {"axes"}:
-            return None
-        given = np.array(list(attrs["axes"].ints), np.int64) if "axes" in attrs else None
+    x, given = read
     if given is None:
         return x.reshape([d for d in x.shape if d != 1]).copy()
-    given = np.asarray(given)
     axes = _axes_of(given, x.ndim) if given.size and given.dtype.kind in "iu" else None
     if axes is None or any(x.shape[a] != 1 for a in axes):
         return None
@@ -355,11 +356,12 @@ _OPS = {"Unsqueeze": _unsqueeze, "Concat": _concat, "Gather": _gather, "Cast": _
         "Trilu": _trilu, "ArgMax": _argmax, "Where": _where, "Squeeze": _squeeze, "Transpose": _transpose}
 _OPS.update({op: partial(_binary, op) for op in (*_BINARY, "Mod")})
 _OPS.update({op: partial(_unary, op) for op in _UNARY})
+_OPS.update({op: partial(_shape, op) for op in ("Shape", "Size")})
 
 
 def numpy_fold(node: Any, args: list[np.ndarray | None], opset: int) -> list[np.ndarray] | None:
     """The value of each of ``node``'s outputs, from its constant inputs ``args`` (None for an input left out),
-    for Constant, Identity, Shape, Size and the ops of ``_OPS``; None where the node is another op or a form of one
+    for Constant, Identity and the ops of ``_OPS``; None where the node is another op or a form of one
     not handled here (the caller asks onnx's reference evaluator)."""
     if node.domain not in ("", "ai.onnx") or len(node.output) != 1 or not node.output[0]:
         return None
@@ -369,12 +371,8 @@ def numpy_fold(node: Any, args: list[np.ndarray | None], opset: int) -> list[np.
     elif op == "Identity":
         value = args[0].copy() if len(args) == 1 and isinstance(args[0], np.ndarray) else None
     else:
-        attrs = {a.name: a for a in node.attribute}
-        if op in ("Shape", "Size"):
-            value = _shape(node, args, attrs)
-        else:
-            fold = _OPS.get(op)
-            value = fold(args, attrs, opset) if fold is not None else None
+        fold = _OPS.get(op)
+        value = fold(args, {a.name: a for a in node.attribute}, opset) if fold is not None else None
     return None if value is None else [np.asarray(value)]
 
 
