@@ -15,7 +15,8 @@ image's steps), peak RSS (``VmHWM``), the time to the first image from an empty 
 first image, the fastest such round; a peer without a compile cache starts every round so), and each one's ratio
 to the best; for sdrt, peak RSS per stage (load, compile, encode, denoise, decode: the high-water mark
 reset at each stage's start; ``store``: the compile-cache entries written after the first job, waited for
-after the warm images, whose time ``store_s`` is no image's).
+after the warm images, whose time ``store_s`` is no image's); and ``cache_gib``, the size of an sdrt contender's
+compile cache after each round (the full-size model's ONNX parts hold 3.97 GiB).
 
 Before the rounds, sdrt's modules and the bench's are byte-compiled (``compileall``) as ``pip install`` compiles an
 installed package's: an editable install under ``PYTHONDONTWRITEBYTECODE`` (a development checkout) would
@@ -487,6 +488,8 @@ def main(argv: list[str] | None = None) -> int:
             line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
             out = json.loads(line[7:]) if line else {"error": (proc.stderr or proc.stdout).strip()[-400:]}
             out["round"], out["wall_s"], out["cold"] = r, time.perf_counter() - t0, cold or not name.startswith("sdrt")
+            if name.startswith("sdrt") and (cache / name).is_dir():  # the compile cache after this round, in GiB
+                out["cache_gib"] = sum(p.stat().st_size for p in (cache / name).rglob("*") if p.is_file()) / 2**30
             results[name].append(out)
             print(f"round {r} {name}: " + (", ".join(f"{k} {v:.1f}" for k, v in out.items()
                                                      if isinstance(v, float)) if "error" not in out

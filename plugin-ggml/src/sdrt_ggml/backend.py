@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from sdrt import Backend, Device, Session, TensorInfo
+from sdrt.cache import Entry
 from sdrt.errors import ModelError, SdrtError, check_known_options
 from sdrt.precision import precision_name
 from sdrt.weights.pages import release as release_pages
@@ -17,6 +18,9 @@ from .lower import LoweringSpec, free_lowered, lower_graph
 from .ops import TABLE
 
 log = logging.getLogger("sdrt.ggml")
+
+#: this plugin's version, part of its compile cache keys
+PLUGIN_VERSION = "0.1.0"
 
 #: options ``compile`` accepts
 OPTIONS = ("precision", "shapes", "threads", "rewrites", "conv_impl", "dw_layout", "transpose", "layouts", "pad_k", "flash_attn", "scheduler",
@@ -113,8 +117,13 @@ class GgmlBackend(Backend):
 
         return gguf_types()
 
-    # ``compile`` is the core's template: parse_options, _prepare, resolve the weights, _compile
-    # (ggml lowers in seconds and keeps no compile cache)
+    # ``compile`` is the core's template: parse_options, _prepare, the compile cache's lookup, resolve the weights,
+    # _compile, the cache's store
+    #: the compile cache holds a CPU lowering's weight layouts (layout_cache.py): a second process lowers the graph
+    #: again but maps them instead of making them
+    caches = True
+    #: an entry of a large model is synced and checksummed in a thread (``_open`` needs nothing of it)
+    stores_in_background = True
     def parse_options(self, options: Any, device: Device) -> dict[str, Any]:
         slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
         if device.kind == "cpu" and slow and options.get("gemm") != "native":
@@ -141,6 +150,11 @@ class GgmlBackend(Backend):
         return graph
 
     def _compile(self, graph: Any, arrays: dict[str, Any], device: Device, opts: dict[str, Any]) -> Session:
+        return self._lowered(graph, arrays, device, opts)
+
+    def _lowered(self, graph: Any, arrays: dict[str, Any], device: Device, opts: dict[str, Any],
+                 replay: Any = None) -> Session:
+        """Lower ``graph`` into a session; ``replay``: a compile cache entry's layouts to take (``_load``)."""
         from .session import GgmlSession
 
         model = graph.model
@@ -161,7 +175,11 @@ class GgmlBackend(Backend):
                 host_weights=handles.is_cpu and not opts.get("scheduler") and not handles.accel,
                 device_backend=None if handles.is_cpu else handles.backend,
             )
-            lowered = lower_graph(spec)
+            if replay is not None and not spec.host_weights:
+                from sdrt.errors import UnusableEntry
+
+                raise UnusableEntry("its layouts are a CPU session's, and this one uploads its weights")
+            lowered = lower_graph(spec, replay)
         except BaseException:
             handles.free()
             raise
@@ -179,3 +197,60 @@ class GgmlBackend(Backend):
             free_lowered(lowered)  # the session freed what it had started to allocate
             handles.free()
             raise
+
+    # -- the compile cache: the weights' layouts (layout_cache.py) --------------
+    def _cache_parts(self, graph: Any, device: Device, opts: dict[str, Any]) -> list[str] | None:
+        """The CPU's plain path only (its weights stay in the arrays lowering made); a GPU, the scheduler or an
+        accelerator uploads them into ggml's buffers, and lowering there spends no time worth a cache."""
+        if device.kind != "cpu" or opts.get("scheduler") or opts.get("accel"):
+            return None
+        from . import layout_cache, native
+
+        nat = native.native()
+        kernels = "none"
+        if nat is not None:
+            st = os.stat(nat.path)
+            kernels = f"{nat.path}|{st.st_size}|{st.st_mtime_ns}|{nat.isa}"
+        env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("SDRT_GGML_", "GGML_")))
+        return [device.id, device.name, PLUGIN_VERSION, native._ggml_version(), kernels,
+                f"layouts={layout_cache.FORMAT}", f"cpus={os.cpu_count()}",
+                repr(sorted((str(k), repr(v)) for k, v in opts.items())), repr(env)]
+
+    def _cache_meta(self, graph: Any, device: Device, opts: dict[str, Any]) -> dict[str, Any]:
+        return {"precision": opts.get("precision")}
+
+    def _defers_store(self, opts: Any) -> bool:
+        """Inside a pipeline's job the entry is written after it (the first image does not wait for 3.5 GB of
+        writes: the full-size SD 1.5 UNet's float32 layouts)."""
+        return True
+
+    def _save_later(self, compiled: Any) -> Any:
+        """The session's layouts as lowering made them, with its weights' generation: a LoRA bound before the
+        store writes into those arrays, and an entry under the base weights' key must not hold them."""
+        from types import SimpleNamespace
+
+        return SimpleNamespace(session=compiled, layouts=list(compiled.layouts),
+                               generation=compiled.weights_generation)
+
+    def _save(self, compiled: Any, folder: Any) -> bool:
+        from . import layout_cache
+
+        snap = compiled if not isinstance(compiled, Session) else self._save_later(compiled)
+        if snap.session.weights_generation != snap.generation:
+            log.info("not caching %s's layouts: its weights changed since it was compiled", snap.session.where)
+            return False
+        size = layout_cache.stored_bytes(snap.layouts)
+        if size < layout_cache.MIN_BYTES:
+            return False
+        layout_cache.write(folder, snap.layouts)
+        return True
+
+    def _load(self, entry: Entry, graph: Any, weights: Any, device: Device, opts: dict[str, Any]) -> Session:
+        """Lower the graph again, its weights' layouts mapped from the entry (``layout_cache.Replay``)."""
+        from sdrt import resolve_weights
+
+        from .layout_cache import Replay
+
+        replay = Replay(entry.path)
+        arrays = resolve_weights(graph, weights, blocks=self.weight_blocks())
+        return self._lowered(graph, arrays, device, opts, replay)

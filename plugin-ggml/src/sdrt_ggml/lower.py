@@ -30,6 +30,7 @@ from . import (
     rewrites_dit,  # noqa: F401  (registers the RMSNorm and rotary-embedding rewrites)
     rewrites_epilogue,  # noqa: F401  (registers the conv and GEMM epilogue fusions)
 )
+from .layout_cache import Replay, Request
 from .native import HOST_ALIGN, aligned_empty
 from .ops import FOLD_ONLY, REGISTRY, load_all
 from .ops._common import GTensor, HostValue, Value, ggml_lib, ne_merged, ne_of, unsupported, wide
@@ -125,6 +126,8 @@ class Lowered:
     #: block weights (``BlockMatrix``: a GGUF file's, quant.py's) by type: kept as ggml blocks for mul_mat, or dequantized (other uses)
     blocks_kept: dict[str, int] = field(default_factory=dict)
     blocks_dequantized: dict[str, int] = field(default_factory=dict)
+    #: the weights' layouts this lowering made for the compile cache, in order (``layout_cache.py``; host weights only)
+    layouts: list[tuple[Request, np.ndarray]] = field(default_factory=list)
 
 
 def ctypes_addr(p: Any) -> int:
@@ -153,6 +156,7 @@ class Lowering:
         on_cpu: bool = True,
         host_weights: bool = False,
         device_backend: Any = None,
+        replay: Replay | None = None,
     ) -> None:
         load_all()
         self.nodes = list(nodes)
@@ -170,6 +174,8 @@ class Lowering:
         #: the ggml backend of a device that is not the CPU: rewrites that make an op the device may not take for
         #: every shape (flash attention) ask it, and lower the plain way where it says no
         self.device_backend = device_backend
+        #: a compile cache entry's layouts (``layout_cache.Replay``), taken in place of making them
+        self._replay = replay
         self.values: dict[str, Value] = {}
         self._producer, self._uses = producers_and_uses(self.nodes, self.output_names)
         wanted = self.options.get("rewrites", "all")
@@ -211,20 +217,31 @@ class Lowering:
 
     # -- constants -----------------------------------------------------------
     def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-              tag: str = "", dtype: str | None = None, ggml_type: str | None = None) -> GTensor:
+              tag: str = "", dtype: str | None = None, ggml_type: str | None = None, store: bool = True) -> GTensor:
         """A weights-buffer tensor holding ``transform(arr)`` (float data as float32). ``dtype``: the numpy
         type it is stored as; ``ggml_type``: the ggml type when it is not ``dtype``'s (``GGML_TYPE_BF16``
-        stored as uint16 bit patterns, ``half.py``)."""
+        stored as uint16 bit patterns, ``half.py``). ``store``: False for a layout the compile cache should not
+        hold but remake at each load (layout_cache.py)."""
         key = (id(arr), tag)
         if key in self._const_cache:
             return self._const_cache[key]
-        data = transform(arr) if transform is not None else arr
+        name = self._init_ids.get(id(arr))
+        # a weight's layout (layout_cache.py): taken from a compile cache entry, or made and kept for one
+        req = (Request.of(arr, tag, name, dtype) if self.host_weights and store and (transform is not None or name)
+               else None)
+        replayed = req is not None and self._replay is not None
+        data = (self._replay.take(req) if replayed else  # type: ignore[union-attr]
+                transform(arr) if transform is not None else arr)
         if dtype is None:
             dtype = "int32" if data.dtype.kind in "iub" else "float32"
         data = host_array(data, dtype, arr) if self.host_weights else np.ascontiguousarray(data, dtype=np.dtype(dtype))
-        if self.host_weights:  # copied: the file pages read for it leave the RSS now, not after the whole graph
-            release_pages([arr], quiet=True)  # (float32 SD 1.5 UNet: the peak held the mapped 3.3 GB beside the copies)
-        if transform is not None:  # its temporaries are freed now, between weights kept: give the holes back
+        if req is not None and not replayed:
+            self.out.layouts.append((req, data))
+        if self.host_weights and not replayed:  # copied: the file pages read for it leave the RSS now, not after the
+            release_pages([arr], quiet=True)  # whole graph (float32 SD 1.5 UNet: the peak held the mapped 3.3 GB
+            # beside the copies)
+        transform_ran = transform is not None and not replayed
+        if transform_ran:  # its temporaries are freed now, between weights kept: give the holes back
             self._converted += data.nbytes
             if self._converted >= TRIM_EVERY_BYTES:
                 trim_heap()
@@ -232,7 +249,6 @@ class Lowering:
         g = ggml_lib()
         ne = ne_of(data.shape)
         t = g.ggml_new_tensor_4d(self.wctx, getattr(g, ggml_type or _NP_TO_GGML[dtype]), *ne)
-        name = self._init_ids.get(id(arr))
         if name is not None:
             g.ggml_set_name(t, name[:63].encode())
             self.out.bindings.append(Binding(name, t, transform, dtype))
@@ -572,13 +588,17 @@ class LoweringSpec:
     device_backend: Any = None
 
 
-def lower_graph(spec: LoweringSpec) -> Lowered:
-    """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``."""
+def lower_graph(spec: LoweringSpec, replay: Replay | None = None) -> Lowered:
+    """Lower the graph ``spec`` describes; the contexts it returns are freed with ``free_lowered``. ``replay``: a
+    compile cache entry's layouts, taken instead of made (all of them, or ``UnusableEntry``)."""
     lowering = Lowering(spec.nodes, spec.initializers, spec.input_infos, spec.output_names, spec.opsets,
                         options=spec.options, supports_flash_attn=spec.supports_flash_attn, on_cpu=spec.on_cpu,
-                        host_weights=spec.host_weights, device_backend=spec.device_backend)
+                        host_weights=spec.host_weights, device_backend=spec.device_backend, replay=replay)
     try:
-        return lowering.lower()
+        out = lowering.lower()
+        if replay is not None:
+            replay.finish()
+        return out
     except BaseException:
         free_lowered(lowering.out)
         raise

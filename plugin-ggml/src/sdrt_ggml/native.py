@@ -608,9 +608,10 @@ def conv_op(nat: Native, g: Any, ctx: Any, x: Any, w: Any, params: Any, state: A
 
 
 def winograd_const(lowering: Any, w: np.ndarray, ld: int) -> Any:
-    """A weights tensor of a 3x3 kernel as ``winograd_weights``, remade so by ``update_weights``."""
+    """A weights tensor of a 3x3 kernel as ``winograd_weights``, remade so by ``update_weights``; not held by the
+    compile cache (16/9 the size of the kernel: remade from the model at each load, layout_cache.py)."""
     threads = threads_of(lowering)
-    return lowering.const(w, transform=lambda a: winograd_weights(a, ld, threads), tag=f"wino{ld}")
+    return lowering.const(w, transform=lambda a: winograd_weights(a, ld, threads), tag=f"wino{ld}", store=False)
 
 
 def winograd_weights(w: np.ndarray, ld: int, threads: int | None = None) -> np.ndarray:

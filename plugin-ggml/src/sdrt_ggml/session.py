@@ -66,12 +66,23 @@ class GgmlSession(Session):
         self._lo: Lowered | None = lowered
         self._threads = threads
         self._pool_choice = pool
+        #: counts ``update_weights`` calls that changed a weight: a compile cache store made after one is skipped
+        self.weights_generation = 0
         self.pool_width = 0  # the ops' thread pool's width (native/pool.c), 0: ggml's threads
         try:
             self._build(lowered)
         except BaseException:
             self._free()
             raise
+
+    @property
+    def layouts(self) -> list[Any]:
+        """The weights' layouts the lowering made for the compile cache, in order (``layout_cache.py``)."""
+        return list(self._lo.layouts) if self._lo else []
+
+    @property
+    def where(self) -> str:
+        return self._where
 
     @property
     def rewrite_hits(self) -> dict[str, int]:
@@ -308,6 +319,7 @@ class GgmlSession(Session):
                    if not same_values(old.get(k), v)}
         if not changed:
             return
+        self.weights_generation += 1
         bound = {b.name for b in self._lo.bindings}
         used = {i for n in self._spec.nodes for i in n.input}
         rebuild = [k for k in changed if k in used and (k not in bound or k in self._lo.folded_inits
