@@ -108,6 +108,14 @@ def unsorted_input(node: Any, name: str) -> Exception:
         where=f"node {node.name!r}", fix="sort the graph topologically (onnx.utils) or re-export it")
 
 
+def norm_axis(axis: int, rank: int) -> int:
+    """ONNX ``axis`` (negative counts from the end) as an index into ``rank`` dims; ValueError when out of range
+    (a lowering turns it into ``UnsupportedGraph``). Rank 0 takes axis 0, as ONNX's scalar reductions do."""
+    if not -rank <= axis < max(rank, 1):
+        raise ValueError(f"axis {axis} is out of range for rank {rank}")
+    return axis + rank if axis < 0 else axis
+
+
 def node_inputs(node: Any, values: dict[str, Any]) -> list[Any]:
     """The values of ``node``'s inputs (None for an omitted optional input), or ``unsorted_input``'s error."""
     ins: list[Any] = []
@@ -189,4 +197,4 @@ def fold_node(node: Any, inputs: list[np.ndarray | None], opsets: dict[str, int]
     return [np.asarray(r) for r in results]
 
 
-__all__ = ["Check", "Lowering", "OpTable", "fold_node", "producers_and_uses"]
+__all__ = ["Check", "Lowering", "OpTable", "fold_node", "norm_axis", "producers_and_uses"]

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
+from sdrt.lowering import norm_axis  # noqa: F401  (the ops import it from here)
 
 Value = Any  # a MIL Var, a numpy constant, or None
 
@@ -86,12 +87,6 @@ def scalar_or_var(lw: Any, v: Value, like: Value) -> Any:
     if isinstance(v, np.ndarray) and v.size == 1 and v.ndim == 0:
         return np_dtype(like).type(v.reshape(()))
     return var(lw, v, like=like)
-
-
-def norm_axis(axis: int, r: int) -> int:
-    if not -r <= axis < max(r, 1):
-        raise ValueError(f"axis {axis} is out of range for rank {r}")
-    return axis + r if axis < 0 else axis
 
 
 def ints(v: Value, what: str) -> list[int]:

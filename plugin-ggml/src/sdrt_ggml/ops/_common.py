@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sdrt.errors import UnsupportedGraph
+from sdrt.lowering import norm_axis  # noqa: F401  (the ops import it from here)
 
 from .. import guards
 from ..bindings import ggml_lib, import_tolerant  # noqa: F401 - the ops reach the bindings through here
@@ -102,10 +103,6 @@ def ne_of(shape: Sequence[int]) -> list[int]:
         shape = shape[len(shape) - MAX_DIMS :]
     ne = [int(d) for d in reversed(shape)]
     return ne + [1] * (MAX_DIMS - len(ne))
-
-
-def norm_axis(axis: int, rank: int) -> int:
-    return axis + rank if axis < 0 else axis
 
 
 def gdim(axis: int, rank: int) -> int:
