@@ -379,6 +379,10 @@ class Backend(ABC):
                 from .cache import deferred
 
                 later = self._save_later(compiled)  # what is compiled now, whatever the session does next
+                if later is None:  # nothing worth an entry (a backend's own threshold)
+                    log.info("compiled %s on %s (compile cache %s: nothing to store)", graph.name, device.id,
+                             key[:12])
+                    return _watching(self._open(compiled, None), arrays)
                 if deferred.submit(lambda: cache.store(key, lambda folder: self._save(later, folder), meta),
                                    f"{graph.name} ({self.name})"):
                     log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.name, device.id,
@@ -435,7 +439,8 @@ class Backend(ABC):
 
     def _save_later(self, compiled: Any) -> Any:
         """What a deferred ``_save`` gets (``_defers_store``): the compiled result as it is now, which a later
-        weight update must not change. By default ``compiled`` itself."""
+        weight update must not change; None when there is nothing worth storing (no store is held for the job).
+        By default ``compiled`` itself."""
         return compiled
 
     def _open(self, compiled: Any, entry: Entry | None) -> Session:

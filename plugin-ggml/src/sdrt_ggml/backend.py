@@ -229,18 +229,21 @@ class GgmlBackend(Backend):
         store writes into those arrays, and an entry under the base weights' key must not hold them."""
         from types import SimpleNamespace
 
-        return SimpleNamespace(session=compiled, layouts=list(compiled.layouts),
-                               generation=compiled.weights_generation)
+        from . import layout_cache
+
+        layouts = compiled.layouts
+        if layout_cache.stored_bytes(layouts) < layout_cache.MIN_BYTES:
+            return None
+        return SimpleNamespace(session=compiled, layouts=layouts, generation=compiled.weights_generation)
 
     def _save(self, compiled: Any, folder: Any) -> bool:
         from . import layout_cache
 
         snap = compiled if not isinstance(compiled, Session) else self._save_later(compiled)
+        if snap is None:
+            return False
         if snap.session.weights_generation != snap.generation:
             log.info("not caching %s's layouts: its weights changed since it was compiled", snap.session.where)
-            return False
-        size = layout_cache.stored_bytes(snap.layouts)
-        if size < layout_cache.MIN_BYTES:
             return False
         layout_cache.write(folder, snap.layouts)
         return True

@@ -215,3 +215,14 @@ def test_a_changed_graph_gets_its_own_entry(tmp_path, small_entries):
             n.attribute.append(helper.make_attribute("epsilon", 1e-3))
     compile_ggml(other, cache_dir=tmp_path).close()
     assert len(_entries(tmp_path)) == 2
+
+
+def test_a_lowering_too_small_to_store_holds_no_store_for_the_job(tmp_path, caplog):
+    from sdrt.cache import deferred
+
+    caplog.set_level(logging.INFO, logger="sdrt.ggml")
+    with deferred.hold():
+        compile_ggml(_model(), cache_dir=tmp_path).close()
+        assert deferred.current() == []  # "writing the compile cache for the next run" counts only real stores
+    assert any("nothing to store" in r.getMessage() for r in caplog.records)
+    assert _entries(tmp_path) == []
