@@ -323,6 +323,11 @@ class Backend(ABC):
     #: True when ``_open`` does not need the stored entry: a large entry is then synced, checksummed and renamed
     #: into place in a background thread while the session already runs (``CompileCache.store(background=)``)
     stores_in_background: ClassVar[bool] = False
+    #: True when what ``_save_later`` returns may be written while the session runs: a deferring compile
+    #: (``_defers_store``) outside a pipeline's job then writes its entry in a background thread at once instead of
+    #: before ``compile`` returns (``sdrt.cache.deferred.start``; ggml, whose write of a float32 UNet's layouts took
+    #: 21 s of a bare ``sdrt.load`` on a disk-throttled VM)
+    stores_beside: ClassVar[bool] = False
 
     # -- compiling: the template ---------------------------------------------
     def compile(self, graph: Graph, weights: Weights | None, device: Device, **options: Any) -> Session:
@@ -383,10 +388,16 @@ class Backend(ABC):
                     log.info("compiled %s on %s (compile cache %s: nothing to store)", graph.name, device.id,
                              key[:12])
                     return _watching(self._open(compiled, None), arrays)
-                if deferred.submit(lambda: cache.store(key, lambda folder: self._save(later, folder), meta),
-                                   f"{graph.name} ({self.name})"):
+                job, what = lambda: cache.store(key, lambda folder: self._save(later, folder), meta), \
+                    f"{graph.name} ({self.name})"
+                if deferred.submit(job, what):
                     log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.name, device.id,
                              key[:12])
+                    return _watching(self._open(compiled, None), arrays)
+                if self.stores_beside:  # no job to wait for: written in the background now
+                    deferred.start([(job, what)])
+                    log.info("compiled %s on %s (compile cache %s: storing in the background)", graph.name,
+                             device.id, key[:12])
                     return _watching(self._open(compiled, None), arrays)
             stored = cache.store(key, lambda folder: self._save(compiled, folder), meta,
                                  background=self.stores_in_background)

@@ -124,6 +124,9 @@ class GgmlBackend(Backend):
     caches = True
     #: an entry of a large model is synced and checksummed in a thread (``_open`` needs nothing of it)
     stores_in_background = True
+    #: and written in one, outside a pipeline's job too: the session's layouts are read, not changed, and a store
+    #: during which ``update_weights`` wrote into them is dropped (``_save``)
+    stores_beside = True
     def parse_options(self, options: Any, device: Device) -> dict[str, Any]:
         slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
         if device.kind == "cpu" and slow and options.get("gemm") != "native":
@@ -220,8 +223,9 @@ class GgmlBackend(Backend):
         return {"precision": opts.get("precision")}
 
     def _defers_store(self, opts: Any) -> bool:
-        """Inside a pipeline's job the entry is written after it (the first image does not wait for 3.5 GB of
-        writes: the full-size SD 1.5 UNet's float32 layouts)."""
+        """Inside a pipeline's job the entry is written after it, outside one in the background at once
+        (``stores_beside``): the first image does not wait for 3 GB of writes (the full-size SD 1.5 UNet's float32
+        layouts)."""
         return True
 
     def _save_later(self, compiled: Any) -> Any:
