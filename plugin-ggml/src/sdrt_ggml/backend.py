@@ -215,9 +215,11 @@ class GgmlBackend(Backend):
             st = os.stat(nat.path)
             kernels = f"{nat.path}|{st.st_size}|{st.st_mtime_ns}|{nat.isa}"
         env = sorted((k, v) for k, v in os.environ.items() if k.startswith(("SDRT_GGML_", "GGML_")))
+        # threads and pool change how fast the layouts are made and the session runs, not what lowering makes: a
+        # compile with threads=4 maps the entry one with the default made
+        made = sorted((str(k), repr(v)) for k, v in opts.items() if k not in ("threads", "pool"))
         return [device.id, device.name, PLUGIN_VERSION, native._ggml_version(), kernels,
-                f"layouts={layout_cache.FORMAT}", f"cpus={os.cpu_count()}",
-                repr(sorted((str(k), repr(v)) for k, v in opts.items())), repr(env)]
+                f"layouts={layout_cache.FORMAT}", repr(made), repr(env)]
 
     def _cache_meta(self, graph: Any, device: Device, opts: dict[str, Any]) -> dict[str, Any]:
         return {"precision": opts.get("precision")}

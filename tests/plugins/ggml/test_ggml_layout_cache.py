@@ -159,6 +159,7 @@ def test_small_lowerings_and_other_options_get_their_own_entries_or_none(tmp_pat
     compile_ggml(model, cache_dir=tmp_path, precision="bf16").close()
     compile_ggml(model, cache_dir=tmp_path, gemm="ggml").close()
     compile_ggml(model, cache_dir=tmp_path, scheduler=True).close()  # weights uploaded: not cached
+    compile_ggml(model, cache_dir=tmp_path, threads=1, pool=False).close()  # the same layouts: a hit
     assert len(_entries(tmp_path)) == 3
 
 
