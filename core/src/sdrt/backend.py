@@ -348,7 +348,9 @@ class Backend(ABC):
         graph = self._prepare(graph.without_contrib_ops(self.contrib_ops, self.name), device, opts)
         log = logging.getLogger(f"sdrt.{self.name}")
         key = None
-        if cache is not None and not _keyable(weights):
+        from .weights.resolve import keyable  # the contract's one module of the weights layer
+
+        if cache is not None and not keyable(weights):
             log.debug("compile cache skipped for %s: its weights are a %s, whose identity sdrt cannot tell without "
                       "reading them", graph.name, type(weights).__name__)
             cache = None
@@ -527,16 +529,6 @@ class Backend(ABC):
             fix="use a backend whose targets() is not empty (sdrt compile --help lists them), "
                 "or compile on the device with sdrt.load",
         )
-
-
-def _keyable(weights: Any) -> bool:
-    """Whether a compile cache key can name ``weights``: None or sdrt's ``Weights`` (each tensor's origin known
-    without reading it); any other object with a ``bind(graph)`` is only known by resolving it."""
-    if weights is None:
-        return True
-    from .weights import Weights
-
-    return isinstance(weights, Weights)
 
 
 _DTYPE_ALIASES = {"float": "float32", "double": "float64"}

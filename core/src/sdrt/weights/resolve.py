@@ -51,6 +51,14 @@ def check_fits(graph: Graph, weights: Any) -> None:
         weights.fits(graph)
 
 
+def keyable(weights: Any) -> bool:
+    """Whether a compile cache key can name ``weights`` without reading them: None or sdrt's ``Weights`` (each
+    tensor's origin known); any other object with a ``bind(graph)`` is only known by resolving it."""
+    from .store import Weights
+
+    return weights is None or isinstance(weights, Weights)
+
+
 def bind(weights: Any, graph: Graph, blocks: Iterable[str] = ()) -> dict[str, Any]:
     """``weights.bind(graph)``, with the block types a backend keeps (``Weights.bind(..., blocks=)``) when
     ``weights`` is sdrt's ``Weights``; any other object with a ``bind(graph)`` is called as it is."""
