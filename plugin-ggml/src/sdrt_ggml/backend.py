@@ -127,6 +127,7 @@ class GgmlBackend(Backend):
     #: and written in one, outside a pipeline's job too: the session's layouts are read, not changed, and a store
     #: during which ``update_weights`` wrote into them is dropped (``_save``)
     stores_beside = True
+
     def parse_options(self, options: Any, device: Device) -> dict[str, Any]:
         slow = not device.properties.get("native_gemm") and not device.properties.get("tinyblas", True)
         if device.kind == "cpu" and slow and options.get("gemm") != "native":
@@ -232,7 +233,10 @@ class GgmlBackend(Backend):
 
     def _save_later(self, compiled: Any) -> Any:
         """The session's layouts as lowering made them, with its weights' generation: a LoRA bound before the
-        store writes into those arrays, and an entry under the base weights' key must not hold them."""
+        store writes into those arrays, and an entry under the base weights' key must not hold them. The session
+        itself is held weakly (a session dropped before the store frees its compute buffers; its weights can no
+        longer change)."""
+        import weakref
         from types import SimpleNamespace
 
         from . import layout_cache
@@ -240,7 +244,8 @@ class GgmlBackend(Backend):
         layouts = compiled.layouts
         if layout_cache.stored_bytes(layouts) < layout_cache.MIN_BYTES:
             return None
-        return SimpleNamespace(session=compiled, layouts=layouts, generation=compiled.weights_generation)
+        return SimpleNamespace(session=weakref.ref(compiled), layouts=layouts, where=compiled.where,
+                               generation=compiled.weights_generation)
 
     def _save(self, compiled: Any, folder: Any) -> bool:
         from . import layout_cache
@@ -248,8 +253,9 @@ class GgmlBackend(Backend):
         snap = compiled if not isinstance(compiled, Session) else self._save_later(compiled)
         if snap is None:
             return False
-        if snap.session.weights_generation != snap.generation:
-            log.info("not caching %s's layouts: its weights changed since it was compiled", snap.session.where)
+        session = snap.session()
+        if session is not None and session.weights_generation != snap.generation:
+            log.info("not caching %s's layouts: its weights changed since it was compiled", snap.where)
             return False
         layout_cache.write(folder, snap.layouts)
         return True

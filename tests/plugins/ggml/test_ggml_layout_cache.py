@@ -232,3 +232,18 @@ def test_a_lowering_too_small_to_store_holds_no_store_for_the_job(tmp_path, capl
         assert deferred.current() == []  # "writing the compile cache for the next run" counts only real stores
     assert any("nothing to store" in r.getMessage() for r in caplog.records)
     assert _entries(tmp_path) == []
+
+
+def test_a_held_store_does_not_keep_a_dropped_session_alive(tmp_path, small_entries):
+    import gc
+    import weakref
+
+    from sdrt.cache import deferred
+
+    with deferred.hold():
+        s = compile_ggml(_model(), cache_dir=tmp_path)
+        ref = weakref.ref(s)
+        del s
+        gc.collect()
+        assert ref() is None  # its compute buffers go now, not after the store; the layouts it made are written
+    assert len(_entries(tmp_path)) == 1
