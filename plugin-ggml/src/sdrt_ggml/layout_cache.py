@@ -21,7 +21,6 @@ unusable (``UnusableEntry``: the core discards it and compiles afresh).
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,8 +30,6 @@ import numpy as np
 from sdrt.errors import UnusableEntry
 
 from .native import HOST_ALIGN
-
-log = logging.getLogger("sdrt.ggml")
 
 FORMAT = 1
 DATA = "layouts.bin"
