@@ -60,6 +60,34 @@ def release(arrays: Iterable[Any], *, quiet: bool = False) -> int:
     return total
 
 
+def private_map(arr: Any, align: int = 64) -> Any:
+    """A copy-on-write map of the same file bytes as ``arr`` (a C-contiguous view of a read-only ``np.memmap``:
+    an external-data or ``.safetensors`` tensor), starting on an ``align`` boundary; None for any other array.
+
+    A backend that keeps a weight as the file stores it takes this instead of a copy: nothing is read now (the
+    pages come from the page cache when first read, and count once), and a write (``update_weights``) lands in
+    pages private to this process, never in the file."""
+    import numpy as np
+
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes == 0 \
+            or arr.ctypes.data % align:
+        return None
+    base: Any = arr
+    while base is not None and not isinstance(base, np.memmap):
+        base = getattr(base, "base", None)
+    if base is None or base.mode != "r" or not base.filename:
+        return None
+    start = int(base.offset) + arr.ctypes.data - base.ctypes.data
+    try:
+        out = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
+    except (OSError, ValueError) as exc:  # gone or shorter since: the caller copies as before
+        log.debug("cannot map %s again: %s", base.filename, exc)
+        return None
+    if out.ctypes.data % align:
+        return None
+    return out.view(arr.dtype).reshape(arr.shape)
+
+
 def unmapped_bytes(arrays: Iterable[Any]) -> int:
     """The bytes of ``arrays`` held in the process's own memory rather than on a file mapping (weights converted
     while binding, e.g. a float16 checkpoint on float32 graphs): what ``release`` cannot hand back."""
@@ -82,8 +110,8 @@ def trim_heap() -> None:
             pass
 
 
-__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "release", "release_weights", "trim_heap",
-           "unmapped_bytes"]
+__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "private_map", "release", "release_weights",
+           "trim_heap", "unmapped_bytes"]
 
 
 def release_weights(weights: Any) -> int:
