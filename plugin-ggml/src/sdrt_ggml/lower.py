@@ -22,8 +22,8 @@ import numpy as np
 from sdrt.errors import UnsupportedGraph
 from sdrt.lowering import fold_node, node_inputs, producers_and_uses
 from sdrt.weights.blocks import BlockMatrix
+from sdrt.weights.pages import private_map, trim_heap
 from sdrt.weights.pages import release as release_pages
-from sdrt.weights.pages import trim_heap
 
 from . import (
     quant,
@@ -85,6 +85,10 @@ def host_array(data: np.ndarray, dtype: str, source: np.ndarray | None) -> np.nd
 #: float32 matmul weights made bf16 peaked 443 MiB compiling, 379 with this; the SD 1.5 UNet 1675 either way, no
 #: slower)
 TRIM_EVERY_BYTES = 64 << 20
+
+#: a weight kept as its file stores it is mapped from there (``Lowering.const``) from this size up; a smaller one is
+#: copied (a map apiece would cost a page and a kernel mapping for a bias of a few kB)
+MAP_MIN_BYTES = 64 << 10
 
 
 @dataclass
@@ -217,29 +221,45 @@ class Lowering:
 
     # -- constants -----------------------------------------------------------
     def const(self, arr: np.ndarray, *, transform: Callable[[np.ndarray], np.ndarray] | None = None,
-              tag: str = "", dtype: str | None = None, ggml_type: str | None = None, store: bool = True) -> GTensor:
+              tag: str = "", dtype: str | None = None, ggml_type: str | None = None, store: bool = True,
+              view: bool = False) -> GTensor:
         """A weights-buffer tensor holding ``transform(arr)`` (float data as float32). ``dtype``: the numpy
         type it is stored as; ``ggml_type``: the ggml type when it is not ``dtype``'s (``GGML_TYPE_BF16``
         stored as uint16 bit patterns, ``half.py``). ``store``: False for a layout the compile cache should not
-        hold but remake at each load (layout_cache.py)."""
+        hold but remake at each load (layout_cache.py). ``view``: ``transform`` only reshapes (its result is a
+        view of ``arr``'s bytes).
+
+        A weight kept as its file stores it (no transform, or a ``view`` one; a float32 external-data tensor on a
+        64-byte boundary, as ONNX aligns them) is mapped from that file copy-on-write (``private_map``), not
+        copied: nothing is read while compiling, the pages count once, and no compile cache entry holds it."""
         key = (id(arr), tag)
         if key in self._const_cache:
             return self._const_cache[key]
         name = self._init_ids.get(id(arr))
+        mapped = None
+        if self.host_weights and (transform is None or view) and getattr(arr, "nbytes", 0) >= MAP_MIN_BYTES:
+            shaped = transform(arr) if transform is not None else arr
+            if dtype in (None, shaped.dtype.name) and shaped.dtype.kind == "f" and shaped.dtype.itemsize == 4:
+                mapped = private_map(shaped, HOST_ALIGN)
         # a weight's layout (layout_cache.py): taken from a compile cache entry, or made and kept for one
-        req = (Request.of(arr, tag, name, dtype) if self.host_weights and store and (transform is not None or name)
-               else None)
+        req = (Request.of(arr, tag, name, dtype) if self.host_weights and store and mapped is None
+               and (transform is not None or name) else None)
         replayed = req is not None and self._replay is not None
-        data = (self._replay.take(req) if replayed else  # type: ignore[union-attr]
+        data = (mapped if mapped is not None else
+                self._replay.take(req) if replayed else  # type: ignore[union-attr]
                 transform(arr) if transform is not None else arr)
         if dtype is None:
             dtype = "int32" if data.dtype.kind in "iub" else "float32"
-        data = host_array(data, dtype, arr) if self.host_weights else np.ascontiguousarray(data, dtype=np.dtype(dtype))
+        if mapped is not None:
+            self.used("weights mapped")
+        else:
+            data = (host_array(data, dtype, arr) if self.host_weights
+                    else np.ascontiguousarray(data, dtype=np.dtype(dtype)))
         if req is not None and not replayed:
             self.out.layouts.append((req, data))
-        if self.host_weights and not replayed:  # copied: the file pages read for it leave the RSS now, not after the
-            release_pages([arr], quiet=True)  # whole graph (float32 SD 1.5 UNet: the peak held the mapped 3.3 GB
-            # beside the copies)
+        if self.host_weights and not replayed and mapped is None:  # copied: the file pages read for it leave the
+            release_pages([arr], quiet=True)  # RSS now, not after the whole graph (float32 SD 1.5 UNet: the peak
+            # held the mapped 3.3 GB beside the copies)
         transform_ran = transform is not None and not replayed
         if transform_ran:  # its temporaries are freed now, between weights kept: give the holes back
             self._converted += data.nbytes

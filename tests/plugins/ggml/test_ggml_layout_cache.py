@@ -247,3 +247,63 @@ def test_a_held_store_does_not_keep_a_dropped_session_alive(tmp_path, small_entr
         gc.collect()
         assert ref() is None  # its compute buffers go now, not after the store; the layouts it made are written
     assert len(_entries(tmp_path)) == 1
+
+
+def _external_conv(tmp_path):
+    """A 3x3 conv of 256 channels on a 4 x 4 map (the implicit GEMM's route, whose rows are the kernel as it is) and a
+    MatMul (GEMM panels), saved with external data as ONNX writes it: tensors over 1 MB at 64 kB boundaries."""
+    import copy
+
+    import onnx
+
+    inits = {"k": rand(256, 256, 3, 3) * 0.02, "b": rand(256), "w": rand(4, 24) * 0.1}
+    nodes = [mk("Conv", ["x", "k", "b"], ["c"], pads=[1, 1, 1, 1]), mk("MatMul", ["c", "w"], ["z"])]
+    model = make_model(nodes, {"x": ((1, 256, 4, 4), F)}, {"z": (None, F)}, inits)
+    path = tmp_path / "conv.onnx"
+    onnx.save_model(copy.deepcopy(model), str(path), save_as_external_data=True, all_tensors_to_one_file=True,
+                    location="conv.onnx_data", size_threshold=0)
+    return model, path
+
+
+def _compile_path(path, **options):
+    from sdrt.graph import Graph
+    from sdrt_ggml import GgmlBackend
+
+    be = GgmlBackend()
+    # its external data mapped, as a model over 2 GiB's is (a smaller one's is read in unless asked so)
+    graph = Graph.load(path, load_external=False)
+    return be.compile(graph, None, next(d for d in be.devices() if d.kind == "cpu"), **options)
+
+
+def test_a_kernel_kept_as_its_file_stores_it_is_mapped_not_copied_nor_stored(tmp_path, small_entries):
+    """The conv's rows are the file's bytes: mapped copy-on-write (no copy while compiling, none in the cache entry);
+    the result is onnxruntime's, and new weights written into the session leave the model's file as it was."""
+    model, path = _external_conv(tmp_path)
+    data = tmp_path / "conv.onnx_data"
+    before = _digest(data)
+    x = {"x": rand(1, 256, 4, 4, seed=8)}
+    want = run_ort(model, x)["z"]
+    cache = tmp_path / "cache"
+    with _compile_path(path, cache_dir=cache) as s:
+        assert s.impl_hits.get("weights mapped") == 1, s.impl_hits
+        np.testing.assert_allclose(s.run(x)["z"], want, rtol=1e-4, atol=1e-4)
+    (entry,) = _entries(cache)
+    names = [r["name"] for r in json.loads((entry / "layouts.json").read_text())["arrays"]]
+    assert "k" not in names and "w" in names, names  # the panels are a layout of their own; the kernel is the file's
+    with _compile_path(path, cache_dir=cache) as s:  # a hit: the panels from the entry, the kernel from the model
+        assert s.impl_hits.get("weights mapped") == 1, s.impl_hits
+        np.testing.assert_allclose(s.run(x)["z"], want, rtol=1e-4, atol=1e-4)
+    from onnx import numpy_helper
+
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    new = dict(inits, k=-inits["k"])
+
+    class _W:
+        def bind(self, graph):
+            return {"k": new["k"]}
+
+    changed = make_model(model.graph.node, {"x": ((1, 256, 4, 4), F)}, {"z": (None, F)}, new)
+    with _compile_path(path, cache=False) as s:
+        s.update_weights(_W())
+        np.testing.assert_allclose(s.run(x)["z"], run_ort(changed, x)["z"], rtol=1e-4, atol=1e-4)
+    assert _digest(data) == before

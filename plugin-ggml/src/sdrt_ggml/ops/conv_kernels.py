@@ -436,8 +436,11 @@ def conv_implicit(lowering: Any, x: GTensor, w: np.ndarray, bias: Any, strides: 
         wt = native.rows_bf16(lowering, w, lambda a: a.reshape(oc, k), "")
     else:
         ld, threads = native.row_stride(k), native.threads_of(lowering)
-        wt = lowering.const(w, transform=lambda a: native.aligned_pad(a.reshape(oc, k), (0, ld - k), threads),
-                            tag=f"rows{ld}")
+        if ld == k:  # the kernel's own rows: mapped from the model's file where it lies aligned there
+            wt = lowering.const(w, transform=lambda a: a.reshape(oc, k), tag=f"rows{ld}", view=True)
+        else:
+            wt = lowering.const(w, transform=lambda a: native.aligned_pad(a.reshape(oc, k), (0, ld - k), threads),
+                                tag=f"rows{ld}")
     src = x.ptr
     # a pointwise conv runs its plane as one row (native/conv.c): slices of it need no pads
     padded = direct_ok(lowering, nat, strides, oh * ow if pointwise else ow, oc) and cscale is None

@@ -50,7 +50,7 @@ def op_gather(lowering: Any, node: Any, inputs: list[Value]) -> list[Value]:
     lowering.out.index_checks[src] = min(dshape[0], lowering.out.index_checks.get(src, dshape[0]))
     row = math.prod(dshape[1:])
     if isinstance(data, np.ndarray):
-        table = lowering.const(data, transform=lambda a: a.reshape(a.shape[0], -1), tag="rows")
+        table = lowering.const(data, transform=lambda a: a.reshape(a.shape[0], -1), tag="rows", view=True)
     else:
         table = reshape(lowering, data, (dshape[0], row))
     flat = reshape(lowering, idx, (idx.size,))
