@@ -113,27 +113,3 @@ def test_openvino_keeps_float32_weights_held_in_memory_for_a_16_bit_compile():
     assert not backend._halving_frees({"w": big})
     assert backend._halving_frees({"w": np.zeros(16, dtype=np.float32)})  # small: copied anyway
     assert backend._halving_frees({})
-
-
-def test_private_map_maps_the_same_bytes_copy_on_write_and_refuses_anything_else(tmp_path):
-    import hashlib
-
-    from sdrt.weights.pages import private_map
-
-    data = np.arange(3 * 4096, dtype=np.float32)
-    path = tmp_path / "w.bin"
-    data.tofile(path)
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    whole = np.asarray(np.memmap(path, dtype=np.uint8, mode="r", offset=64, shape=(4096 * 4,))).view(np.float32)
-    arr = whole.reshape(64, 64)  # a view of a view of the map, 64 bytes into the file
-    got = private_map(arr)
-    assert got is not None and got.shape == (64, 64) and got.dtype == np.float32 and got.flags.writeable
-    assert got.ctypes.data != arr.ctypes.data and got.ctypes.data % 64 == 0
-    np.testing.assert_array_equal(got, data[16:16 + 4096].reshape(64, 64))
-    got[:] = -1.0  # a write lands in this process's pages, never in the file
-    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
-    np.testing.assert_array_equal(arr, data[16:16 + 4096].reshape(64, 64))
-    assert private_map(whole[1:]) is None  # 4 bytes off a 64-byte boundary
-    assert private_map(arr[:, ::2]) is None  # not contiguous
-    assert private_map(data) is None  # in memory
-    assert private_map(np.memmap(path, dtype=np.float32, mode="c")) is None  # not the read-only map weights come in

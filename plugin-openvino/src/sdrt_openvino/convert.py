@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from sdrt.errors import ModelError, UnsupportedGraph, WeightsError
+from sdrt.weights.pages import private_map
 
 if TYPE_CHECKING:  # pragma: no cover
     import onnx
@@ -132,38 +133,6 @@ def bind_parameters(ov_model: ov.Model, arrays: Mapping[str, np.ndarray],
         consts[name] = const
     ov_model.validate_nodes_and_infer_types()
     return consts
-
-
-def private_map(arr: np.ndarray) -> np.ndarray | None:
-    """A copy-on-write map of the file region under a read-only, file-mapped ``arr`` (same values, writable,
-    nothing copied), or None when ``arr`` is not a contiguous view of an ``np.memmap`` of a file.
-
-    OpenVINO shares a ``Constant``'s memory only with a writable array, and sdrt hands weights out as
-    read-only maps of their file (nobody may write the file through them). A private map of the same bytes
-    is writable without touching the file: OpenVINO reads its pages from the page cache, never writes them,
-    and no page is copied (a write would copy that page into this process only)."""
-    if arr.flags.writeable or not arr.flags.c_contiguous or arr.nbytes == 0:
-        return None
-    base: Any = arr
-    # the memmap numpy made from the file (over an ``mmap``): a slice of it is a memmap too, but keeps the first's
-    # ``offset`` (a GGUF reader's tensors are slices of its one map of the file: they mapped the file's start)
-    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)
-                                    and not isinstance(base.base, np.ndarray)):
-        base = getattr(base, "base", None)
-    if base is None:
-        return None
-    from sdrt.stamps import check, mark, version_of
-
-    version = version_of(base)
-    if version is not None:  # mapped again by name: only while the name is still the version ``arr`` maps
-        check(version[0], version[1], "since its weights were read")
-    start = int(base.offset) + arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    try:
-        cow = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
-    except (OSError, ValueError):  # the file went away or cannot be mapped again: the caller copies
-        return None
-    out = cow.view(arr.dtype).reshape(arr.shape)
-    return mark(out, *version) if version is not None else out
 
 
 def make_constant(arr: np.ndarray, name: str, maps: list[np.ndarray] | None = None) -> Any:

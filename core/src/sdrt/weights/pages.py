@@ -60,32 +60,59 @@ def release(arrays: Iterable[Any], *, quiet: bool = False) -> int:
     return total
 
 
-def private_map(arr: Any, align: int = 64) -> Any:
-    """A copy-on-write map of the same file bytes as ``arr`` (a C-contiguous view of a read-only ``np.memmap``:
-    an external-data or ``.safetensors`` tensor), starting on an ``align`` boundary; None for any other array.
+def mapped_region(arr: Any) -> tuple[Any, int] | None:
+    """``(the np.memmap of a file under arr, arr's byte offset in that file)`` for a C-contiguous view of a file
+    map (an external-data or ``.safetensors`` tensor), else None.
 
-    A backend that keeps a weight as the file stores it takes this instead of a copy: nothing is read now (the
-    pages come from the page cache when first read, and count once), and a write (``update_weights``) lands in
-    pages private to this process, never in the file."""
+    The map is the one numpy made from the file: a slice of an ``np.memmap`` is a memmap too but keeps the first
+    one's ``offset`` (a GGUF reader's tensors are slices of its one map of the file), so the walk goes on to the
+    memmap that is not a view of another array."""
     import numpy as np
 
-    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes == 0 \
-            or arr.ctypes.data % align:
+    if not isinstance(arr, np.ndarray) or not arr.flags.c_contiguous or arr.nbytes == 0:
         return None
     base: Any = arr
-    while base is not None and not isinstance(base, np.memmap):
+    while base is not None and not (isinstance(base, np.memmap) and getattr(base, "filename", None)
+                                    and not isinstance(base.base, np.ndarray)):
         base = getattr(base, "base", None)
-    if base is None or base.mode != "r" or not base.filename:
+    if base is None:
         return None
-    start = int(base.offset) + arr.ctypes.data - base.ctypes.data
+    return base, int(base.offset) + arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+
+
+def private_map(arr: Any, align: int | None = None) -> Any:
+    """A copy-on-write map of the file region under a read-only, file-mapped ``arr`` (same values, writable,
+    nothing copied), or None when ``arr`` is writable, is not a contiguous view of an ``np.memmap`` of a file,
+    or (``align``) does not start on an ``align``-byte boundary of the file.
+
+    sdrt hands weights out as read-only maps of their file (nobody may write the file through them). A backend
+    that keeps a weight as the file stores it takes this instead of a copy: nothing is read now (the pages come
+    from the page cache when first read, and count once), and a write (OpenVINO's shared ``Constant``, ggml's
+    ``update_weights``) copies the page it touches into this process only, never into the file. A file changed
+    on disk since ``arr`` mapped it is refused (``FileChanged``): a map by its name would read the new file at
+    the old offsets."""
+    import numpy as np
+
+    if not isinstance(arr, np.ndarray) or arr.flags.writeable:
+        return None
+    region = mapped_region(arr)
+    if region is None:
+        return None
+    base, start = region
+    if align and start % align:
+        return None
+    from ..stamps import check, mark, version_of
+
+    version = version_of(base)
+    if version is not None:  # mapped again by name: only while the name is still the version ``arr`` maps
+        check(version[0], version[1], "since its weights were read")
     try:
-        out = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
-    except (OSError, ValueError) as exc:  # gone or shorter since: the caller copies as before
+        cow = np.memmap(base.filename, dtype=np.uint8, mode="c", offset=start, shape=(arr.nbytes,))
+    except (OSError, ValueError) as exc:  # the file went away or cannot be mapped again: the caller copies
         log.debug("cannot map %s again: %s", base.filename, exc)
         return None
-    if out.ctypes.data % align:
-        return None
-    return out.view(arr.dtype).reshape(arr.shape)
+    out = cow.view(arr.dtype).reshape(arr.shape)
+    return mark(out, *version) if version is not None else out
 
 
 def unmapped_bytes(arrays: Iterable[Any]) -> int:
@@ -110,8 +137,8 @@ def trim_heap() -> None:
             pass
 
 
-__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "prefetch", "private_map", "release", "release_weights",
-           "trim_heap", "unmapped_bytes"]
+__all__ = ["Prefetcher", "cached_fraction", "file_ranges", "mapped_region", "prefetch", "private_map", "release",
+           "release_weights", "trim_heap", "unmapped_bytes"]
 
 
 def release_weights(weights: Any) -> int:

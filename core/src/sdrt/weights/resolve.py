@@ -82,19 +82,16 @@ def as_arrays(values: Mapping[str, Any]) -> dict[str, Any]:
 def _file_position(arr: np.ndarray) -> tuple[int, int, int] | None:
     """(device, inode, byte offset) of a C-contiguous array over a read-only file mapping (``np.memmap`` mode "r",
     how sdrt maps .safetensors and external-data tensors), else None."""
-    if not arr.flags.c_contiguous:
-        return None
-    base: Any = arr
-    while base is not None and not isinstance(base, np.memmap):
-        base = getattr(base, "base", None)
-    if base is None or base.mode != "r" or not base.filename:
+    from .pages import mapped_region
+
+    region = mapped_region(arr)
+    if region is None or region[0].mode != "r":
         return None
     try:
-        st = os.stat(base.filename)
+        st = os.stat(region[0].filename)
     except OSError:
         return None
-    delta = arr.__array_interface__["data"][0] - base.__array_interface__["data"][0]
-    return st.st_dev, st.st_ino, int(base.offset) + delta
+    return st.st_dev, st.st_ino, region[1]
 
 
 def same_values(old: np.ndarray | None, new: Any) -> bool:

@@ -1,10 +1,11 @@
-"""convert.private_map: a read-only map of a weights file mapped again copy-on-write, so OpenVINO can share it."""
+"""sdrt.weights.pages.private_map: a read-only map of a weights file mapped again copy-on-write, so a backend can keep
+a weight as the file stores it (OpenVINO's shared constants, ggml's weights) without a copy."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from sdrt_openvino.convert import private_map
+from sdrt.weights.pages import private_map
 
 
 def test_a_read_only_file_map_is_mapped_again_writable_with_the_same_values_and_the_file_untouched(tmp_path):
@@ -60,3 +61,25 @@ def test_a_file_changed_since_it_was_mapped_is_not_mapped_again(tmp_path):
     os.replace(tmp_path / "b.safetensors", path)
     with pytest.raises(FileChanged, match="w.safetensors changed on disk"):
         private_map(arr)
+
+
+def test_an_alignment_asked_for_is_the_file_offsets(tmp_path):
+    import hashlib
+
+    data = np.arange(3 * 4096, dtype=np.float32)
+    path = tmp_path / "w.bin"
+    data.tofile(path)
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    whole = np.asarray(np.memmap(path, dtype=np.uint8, mode="r", offset=64, shape=(4096 * 4,))).view(np.float32)
+    arr = whole.reshape(64, 64)  # a view of a view of the map, 64 bytes into the file
+    got = private_map(arr, 64)
+    assert got is not None and got.shape == (64, 64) and got.dtype == np.float32 and got.flags.writeable
+    assert got.ctypes.data != arr.ctypes.data and got.ctypes.data % 64 == 0
+    np.testing.assert_array_equal(got, data[16:16 + 4096].reshape(64, 64))
+    got[:] = -1.0  # a write lands in this process's pages, never in the file
+    assert hashlib.sha256(path.read_bytes()).hexdigest() == digest
+    np.testing.assert_array_equal(arr, data[16:16 + 4096].reshape(64, 64))
+    assert private_map(whole[1:], 64) is None  # 4 bytes off a 64-byte boundary
+    assert private_map(whole[1:]) is not None  # no alignment asked for
+    assert private_map(arr[:, ::2], 64) is None  # not contiguous
+    assert private_map(np.memmap(path, dtype=np.float32, mode="c"), 64) is None  # writable: the caller's own
