@@ -7,13 +7,23 @@ unregisters it in ``finally`` (the llm pattern).
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
+import tempfile
 
 os.environ["SDRT_LOAD_ENTRY_POINTS"] = "0"
 # The tests compare against float32 references (onnxruntime, diffusers, k-diffusion), so every backend runs at
 # float32 here whatever this CPU's default is (bf16 where it has AVX-512-BF16 or AMX: sdrt.precision_default):
 # they hold on AVX2, AVX-512 and AMX CPUs alike. Tests of the default itself clear it (monkeypatch.delenv).
 os.environ["SDRT_PRECISION"] = "fp32"
+# Every cache sdrt keeps (compiled models, pinned shapes, converted checkpoints, the stored calibration that
+# backend="auto" and the memory budget read) goes to a folder of this test process, not the user's: a test run
+# neither fills nor reads the user's cache, and a calibration made on this machine does not change what the
+# tests pick. Tests of the default location set or clear the variable themselves (monkeypatch).
+_CACHE = tempfile.mkdtemp(prefix="sdrt-test-cache-")
+os.environ["SDRT_CACHE_DIR"] = _CACHE
+atexit.register(shutil.rmtree, _CACHE, True)
 
 import pytest  # noqa: E402
 
