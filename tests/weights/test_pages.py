@@ -10,9 +10,10 @@ import pytest
 from sdrt.weights.pages import release
 
 
-def _resident_kib() -> int:
-    with open("/proc/self/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("RssFile:"))
+def _resident_file_bytes() -> int:
+    from sdrt.pipelines.budget import _status  # /proc/self/status, as the memory budget reads it
+
+    return _status("RssFile")
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="RssFile and MADV_DONTNEED are Linux's")
@@ -22,9 +23,9 @@ def test_mapped_pages_leave_rss_and_the_array_stays_valid(tmp_path):
     data.tofile(path)
     arr = np.asarray(np.memmap(path, dtype=np.uint8, mode="r")).view(np.float32)  # as onnxfile/stfile map them
     assert float(arr.sum()) == pytest.approx(float(data.sum()), rel=1e-4)  # every page read
-    before = _resident_kib()
+    before = _resident_file_bytes()
     assert release([arr, arr[:10], np.zeros(3)]) >= data.nbytes  # one mapping, advised once; in-memory arrays skipped
-    assert before - _resident_kib() >= 12 * 1024  # most of the 16 MiB left RSS
+    assert before - _resident_file_bytes() >= 12 * 2**20  # most of the 16 MiB left RSS
     np.testing.assert_array_equal(arr, data)  # and reads back from the page cache
 
 
@@ -68,7 +69,7 @@ def test_prefetch_reads_ranges_into_the_page_cache_not_the_resident_set(tmp_path
             TensorRef("mem", np.dtype(np.float32), (4,), "m", lambda: None)]  # in memory: skipped
     ranges = file_ranges(refs)
     assert ranges == {str(path): [(0, half)]}
-    before = _resident_kib()
+    before = _resident_file_bytes()
     p = Prefetcher()
     p.start(ranges)
     p.wait()
@@ -79,7 +80,7 @@ def test_prefetch_reads_ranges_into_the_page_cache_not_the_resident_set(tmp_path
             break
         time.sleep(0.05)
     assert 0.45 <= cached <= 0.75  # the first half, not the rest
-    assert _resident_kib() - before < 2 * 1024  # the page cache, not this process's memory
+    assert _resident_file_bytes() - before < 2 * 2**20  # the page cache, not this process's memory
 
 
 def test_prefetch_merges_neighbouring_ranges():
