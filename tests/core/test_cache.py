@@ -492,7 +492,22 @@ def test_the_compile_template_keys_looks_up_compiles_stores_and_loads(tmp_path, 
     with pytest.raises(SdrtError, match="takes no options"):
         c.backend.compile(graph, None, c.device, turbo=True)
     (entry,) = CompileCache("counting", tmp_path).entries()
-    assert entry.meta == {"model": graph.name, "device": "CPU"}
+    assert entry.meta == {"model": graph.label, "device": "CPU"}
+
+
+def test_a_graph_is_listed_by_its_folder_and_file_unless_a_pipeline_names_it(tmp_path):
+    """Optimum and diffusers name every part's file model.onnx: the cache listing and the logs show the folder too,
+    or what a pipeline calls the part, and the graphs made from it (pinned, cut) keep that."""
+    import onnx
+
+    (tmp_path / "unet").mkdir()
+    onnx.save(_matmul_graph().model, tmp_path / "unet" / "model.onnx")
+    graph = sdrt.Graph.load(tmp_path / "unet" / "model.onnx")
+    assert (graph.name, graph.label) == ("model.onnx", "unet/model.onnx")
+    graph.label = "dreamshaper_8/unet"
+    assert graph.with_shapes({"x": (1, 4)}).label == "dreamshaper_8/unet"
+    assert graph.name == "model.onnx"  # errors still name the file
+    assert _matmul_graph().label == "mm"  # built in memory: the graph's own name
 
 
 def test_the_same_values_in_memory_have_one_identity_wherever_they_come_from():

@@ -553,6 +553,11 @@ def test_compile_cache_entries_are_written_after_the_job(tmp_path, monkeypatch, 
     assert seen == [0, 0]
     assert wait_for_stores(timeout=120)
     assert len(entries()) >= 3  # text encoder, UNet, VAE decoder
+    from sdrt.cache import CompileCache
+
+    # each entry says what it holds in the model's words (``sdrt cache list``), not the file name every part shares
+    named = {e.meta.get("model") for e in CompileCache("openvino", tmp_path).entries()}
+    assert {"tiny-sd15/text_encoder", "tiny-sd15/unet", "tiny-sd15/vae_decoder"} <= named, named
     caplog.set_level(logging.INFO, logger="sdrt.openvino")
     again = pipelines.load(DATA / "tiny-sd15", backend="openvino", precision="bf16")
     second = again.generate(PROMPT, steps=2, sampler="Euler", seed=1)

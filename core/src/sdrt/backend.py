@@ -352,7 +352,7 @@ class Backend(ABC):
 
         if cache is not None and not keyable(weights):
             log.debug("compile cache skipped for %s: its weights are a %s, whose identity sdrt cannot tell without "
-                      "reading them", graph.name, type(weights).__name__)
+                      "reading them", graph.label, type(weights).__name__)
             cache = None
         if cache is not None:
             parts = self._cache_parts(graph, device, opts)
@@ -373,7 +373,7 @@ class Backend(ABC):
                         first = str(exc).splitlines()[0][:200] if str(exc) else repr(exc)
                         cache.discard(key, f"{self.name} could not load it ({first})")
                     else:
-                        log.info("loaded %s on %s from the compile cache (%s)", graph.name, device.id, key[:12])
+                        log.info("loaded %s on %s from the compile cache (%s)", graph.label, device.id, key[:12])
                         return session
         from .weights.resolve import resolve_weights  # the contract's one function of the weights layer
 
@@ -381,29 +381,29 @@ class Backend(ABC):
         compiled = self._compile(graph, arrays, device, opts)
         stored = None
         if key is not None and cache is not None:
-            meta = {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)}
+            meta = {"model": graph.label, "device": device.id, **self._cache_meta(graph, device, opts)}
             if self._defers_store(opts):
                 from .cache import deferred
 
                 later = self._save_later(compiled)  # what is compiled now, whatever the session does next
                 if later is None:  # nothing worth an entry (a backend's own threshold)
-                    log.info("compiled %s on %s (compile cache %s: nothing to store)", graph.name, device.id,
+                    log.info("compiled %s on %s (compile cache %s: nothing to store)", graph.label, device.id,
                              key[:12])
                     return _watching(self._open(compiled, None), arrays)
                 job, what = lambda: cache.store(key, lambda folder: self._save(later, folder), meta), \
-                    f"{graph.name} ({self.name})"
+                    f"{graph.label} ({self.name})"
                 if deferred.submit(job, what):
-                    log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.name, device.id,
+                    log.info("compiled %s on %s (compile cache %s: stored after this job)", graph.label, device.id,
                              key[:12])
                     return _watching(self._open(compiled, None), arrays)
                 if self.stores_beside:  # no job to wait for: written in the background now
                     deferred.start([(job, what)])
-                    log.info("compiled %s on %s (compile cache %s: storing in the background)", graph.name,
+                    log.info("compiled %s on %s (compile cache %s: storing in the background)", graph.label,
                              device.id, key[:12])
                     return _watching(self._open(compiled, None), arrays)
             stored = cache.store(key, lambda folder: self._save(compiled, folder), meta,
                                  background=self.stores_in_background)
-            log.info("compiled %s on %s (compile cache %s: %s)", graph.name, device.id, key[:12],
+            log.info("compiled %s on %s (compile cache %s: %s)", graph.label, device.id, key[:12],
                      "stored" if stored is not None else "not stored, or storing in the background")
         return _watching(self._open(compiled, stored), arrays)
 

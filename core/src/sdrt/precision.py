@@ -132,7 +132,7 @@ def to_half(graph: Graph, dtype: str = "float16", *, keep_float32: Iterable[str]
 
     # converted initializers now hold their data inline; the others may stay mapped from their file
     external = {k: v for k, v in graph.external_refs.items() if k not in rewrite.converted}
-    return Graph(model, graph.path, base_dir=graph.base_dir, external=external)
+    return Graph(model, graph.path, base_dir=graph.base_dir, external=external, label=graph.label)
 
 
 def plan(graph: Graph, *, keep_float32: Iterable[str] | None = None,

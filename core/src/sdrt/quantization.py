@@ -320,7 +320,7 @@ def quantize(graph: Graph, to: str = "int8", *, block_size: int = 32,
     m.metadata_props.append(_prop(QUANT_KEY, scheme + (f" block_size={block_size}" if scheme == "int4" else "")))
     log.info("%s: %d weights quantized to %s (%.1f MB -> %.1f MB)", graph.name, len(chosen), scheme,
              before / 1e6, after / 1e6)
-    return _Graph(m, graph.path, base_dir=graph.base_dir)
+    return _Graph(m, graph.path, base_dir=graph.base_dir, label=graph.label)
 
 
 def _prop(key: str, value: str) -> Any:
@@ -507,7 +507,7 @@ def dequantize(graph: Graph, keep: Callable[[str, dict[str, Any]], bool] | Itera
         log.info("%s: %d quantized weights dequantized to float32 at load, the others kept", graph.name, len(found))
     else:
         log.info("%s: %d quantized weights dequantized to float32 at load", graph.name, len(found))
-    return _Graph(m, graph.path, base_dir=graph.base_dir)
+    return _Graph(m, graph.path, base_dir=graph.base_dir, label=graph.label)
 
 
 def save(graph: Graph, path: Any) -> Any:
@@ -672,7 +672,8 @@ def cached(graph: Graph, spec: str, weights: Weights | None = None) -> Graph:
         from .graph.protos import with_arrays
         from .weights import resolve_weights
 
-        graph = _Graph(with_arrays(graph.model, resolve_weights(graph, weights)), graph.path, base_dir=graph.base_dir)
+        graph = _Graph(with_arrays(graph.model, resolve_weights(graph, weights)), graph.path, base_dir=graph.base_dir,
+                       label=graph.label)
     q = quantize(graph, scheme, block_size=block)
     try:
         save(q, path)

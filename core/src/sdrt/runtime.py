@@ -65,7 +65,7 @@ def load(
         graph = quantization.for_backend(graph, be)
         if quantize is not None:  # later float weights (a LoRA) are quantized as the graph holds them
             requantize = quantization.Requantizer(graph, source)
-    log.info("compiling %s on %s", graph.name, dev)
+    log.info("compiling %s on %s", graph.label, dev)
     session = be.compile(graph, bound, dev, **options)
     if requantize is not None and requantize.held:
         session.requantize = requantize

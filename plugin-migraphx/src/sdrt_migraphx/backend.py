@@ -164,7 +164,7 @@ class MIGraphXBackend(Backend):
                     cache.discard(key, f"migraphx could not load it ({str(exc).splitlines()[0][:200]})")
             program = builder.build(arrs)
             cache.store(key, lambda folder: module.load().save(program, str(folder / PROGRAM)),
-                        {"model": graph.name, "device": device.id, **self._cache_meta(graph, device, opts)})
+                        {"model": graph.label, "device": device.id, **self._cache_meta(graph, device, opts)})
             return program, False
 
         return compile_arrays

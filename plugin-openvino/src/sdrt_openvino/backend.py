@@ -450,7 +450,7 @@ class OpenVINOBackend(Backend):
             return make_key([shape_key[0], repr(sorted((str(k), str(v)) for k, v in props.items())),
                              swap.key_values(arrays)])
 
-        return swap.Store(cache, key_of, {"model": graph.name, "device": device.id,
+        return swap.Store(cache, key_of, {"model": graph.label, "device": device.id,
                                           **self._cache_meta(graph, device, opts)})
 
     # -- the compile cache -----------------------------------------------

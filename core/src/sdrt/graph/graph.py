@@ -82,6 +82,7 @@ class Graph:
         base_dir: Path | None = None,
         external: Mapping[str, onnxfile.ExternalRef | None] | None = None,
         read_from: Iterable[Path] = (),
+        label: str | None = None,
     ) -> None:
         self.model = model
         self.path = path
@@ -93,6 +94,9 @@ class Graph:
         #: ``with_shapes``'s graphs: the digest of the pinned structure (``shapes.pin_shapes``); whatever is read
         #: from the pinned shapes alone may be kept under it (``pinned_store.load_fact``)
         self.pinned_as: bytes | None = None
+        #: what logs and the compile cache's listing call the graph (``label``); set by whoever knows better than
+        #: the file name, as a pipeline does for its parts ("dreamshaper_8/unet")
+        self._label: str | None = label or None
 
     # -- loading -------------------------------------------------------
     @classmethod
@@ -188,12 +192,26 @@ class Graph:
         lazy external references of the initializers that remain."""
         names = {t.name for t in model.graph.initializer}
         ext = {k: v for k, v in self._external.items() if k in names}
-        return Graph(model, self.path, base_dir=self.base_dir, external=ext, read_from=self.read_from)
+        return Graph(model, self.path, base_dir=self.base_dir, external=ext, read_from=self.read_from,
+                     label=self._label)
 
     # -- description ---------------------------------------------------
     @property
     def name(self) -> str:
         return self.path.name if self.path else (self.model.graph.name or "<graph>")
+
+    @property
+    def label(self) -> str:
+        """The graph as logs and ``sdrt cache list`` show it: what was set (a pipeline's ``model/part``), else the
+        file with its folder (``unet/model.onnx``: Optimum and diffusers name every part's file alike)."""
+        if self._label:
+            return self._label
+        parent = self.path.parent.name if self.path else ""
+        return f"{parent}/{self.name}" if parent else self.name
+
+    @label.setter
+    def label(self, value: str | None) -> None:
+        self._label = value or None
 
     @property
     def is_stripped(self) -> bool:

@@ -51,6 +51,9 @@ class Part:
         self.source_file: Path | None = None
         #: its version (``stamps.file_stamp``) when the part was made: one written anew makes a new part
         self.source_stamp: Any = None
+        #: what logs and ``sdrt cache list`` call the part's graph ("dreamshaper_8/unet"; ``Graph.label``); None: the
+        #: weights file's name and the part's when there is one, else the graph file's own
+        self.label: str | None = None
         #: a Flux ControlNet's layout (``sdrt.checkpoint.fluxcontrolnet.FluxNetLayout``), None for any other part
         self.flux_layout: Any = None
         #: an SD3 ControlNet's layout (``sdrt.checkpoint.sd3controlnet.SD3NetLayout``), None for any other part
@@ -98,6 +101,7 @@ class Part:
         twin.graph_edit, twin.graph_edit_key = self.graph_edit, self.graph_edit_key
         twin.hidden_outputs = self.hidden_outputs
         twin.default_weights = self.default_weights
+        twin.label = self.graph_label
         return twin
 
     def __repr__(self) -> str:
@@ -122,6 +126,11 @@ class Part:
                 self._ahead = None
 
     @property
+    def graph_label(self) -> str | None:
+        """``label``, else ``<weights file>/<part>`` for a part bound to a weights file; None: the graph file's name."""
+        return self.label or (f"{self.source_file.stem}/{self.name}" if self.source_file is not None else None)
+
+    @property
     def graph(self) -> Graph:
         src = self._share
         if self._graph is None and src is not None and src.path == self.path and src.graph_edit is self.graph_edit:
@@ -135,6 +144,7 @@ class Part:
             except SdrtError as exc:
                 raise type(exc)(f"the {self.name} part cannot be loaded: {exc.what}", where=exc.where or str(self.path),
                                 fix=exc.fix) from exc
+            self._graph.label = self.graph_label
             if self.name == "unet":  # upsamplers sized by their skips: any multiple of 8 runs (sdrt.graph.upsample)
                 from ..graph.upsample import skip_sized_upsampling
 

@@ -123,6 +123,8 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
                                   options={**options, "quantize": self.quantize}
                                   if self.quantize and not name.startswith("vae") else options)
                        for name in self.family.parts if name in folder.parts}
+        for name, part in self._parts.items():
+            part.label = f"{folder.name}/{name}"
         if vae_tile is not None:
             self._check_vae_tile(vae_tile)
         for name, bound in folder.weights.items():  # a single file: its weights on the shipped graphs

@@ -356,7 +356,7 @@ def group_graph(graph: Graph, group: Group, *, canonical: bool = False) -> tuple
 
     model, names = group_model(graph, group, canonical=canonical)
     ext = {names.get(k, k): v for k, v in graph.external_refs.items() if k in set(group.initializers)}
-    return _Graph(model, graph.path, base_dir=graph.base_dir, external=ext), names
+    return _Graph(model, graph.path, base_dir=graph.base_dir, external=ext, label=graph.label), names
 
 
 def _sub_weights(weights: Weights | None, names: Mapping[str, str], wanted: Iterable[str]) -> Weights | None:
