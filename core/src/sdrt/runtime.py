@@ -83,7 +83,7 @@ def _pinned(graph: Graph, shapes: Any) -> Graph:
         told = "" if not exc.fix or exc.fix.startswith("pass ") else f"{exc.fix}; "  # "pass x=..." is Graph's
         raise InputError(f"{exc.what} ({graph.name})", where="shapes",
                          fix=f"{told}{{@shapes=}} maps input names to full shapes and dim names to sizes") from exc
-    log.info("%s pinned to %s", graph.name, ", ".join(str(i) for i in pinned.inputs))
+    log.info("%s pinned to %s", graph.label, ", ".join(str(i) for i in pinned.inputs))
     return pinned
 
 
