@@ -78,14 +78,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--workdir", type=Path, default=None)
     p.add_argument("--json", type=Path, default=None, help="also write the figures here")
     args = p.parse_args(argv)
-    import sdrt
 
     options = _parse_options([f"ggml:{o}" for o in args.option]).get("ggml", {})
     workdir = args.workdir or _default_workdir()
     report: dict[str, Any] = {}
     for name in args.models.split(","):
         path, feeds, _outputs = harness.model_file(name, args.size, workdir)
-        session = sdrt.load(path, backend="ggml", **options, **({"scheduler": True} if args.profile else {}))
+        session = harness.load_for_timing(path, backend="ggml", **options, **({"scheduler": True} if args.profile else {}))
         try:
             copies = graph_copies(session)
             shares = profile(session, feeds, args.runs) if args.profile else {}

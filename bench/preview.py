@@ -63,7 +63,9 @@ def unet_runner(path: Path, feeds: dict, backend: str):
     import sdrt
 
     graph = sdrt.Graph.load(path)
-    session = sdrt.load(graph.with_shapes({k: v.shape for k, v in feeds.items()}), backend=backend)
+    from bench.harness import load_for_timing
+
+    session = load_for_timing(graph.with_shapes({k: v.shape for k, v in feeds.items()}), backend=backend)
     return lambda f: session.run(f)
 
 
