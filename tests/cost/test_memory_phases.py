@@ -116,6 +116,21 @@ def _synthetic_rows():
     return rows, true, dyn, base, per_node
 
 
+def test_a_table_mapped_at_an_offset_ggml_maps_is_not_held_by_ggml_on_a_cpu():
+    """ggml runs a lookup table from its mapped file when the offset is 64-byte aligned (``MAPPED_TABLE_BACKENDS``):
+    the 10 MiB table's compile-phase share (compile_table_factor 1 x 10 MiB) leaves ggml's peak on a CPU; a table at
+    an offset ggml copies from, another backend, and a GPU (the table uploaded) keep it."""
+    cpu = devices.find("cpu")
+    mapped = replace(_cost(), mapped_tables=((10.0 * MIB, 4096),),
+                     weight_order=((10 * MIB, "table"), (30 * MIB, "weight"), (60 * MIB, "kernel")))
+    assert predict(mapped, cpu, "ggml", "fp32", F).peak_bytes == pytest.approx(472 * MIB)
+    assert predict(mapped, cpu, "openvino", "fp32", F).peak_bytes == pytest.approx(482 * MIB)
+    unaligned = replace(mapped, mapped_tables=((10.0 * MIB, 4096 + 49),))
+    assert predict(unaligned, cpu, "ggml", "fp32", F).peak_bytes == pytest.approx(482 * MIB)
+    gpu = next(d for d in devices.library() if d.kind == "gpu")
+    assert predict(mapped, gpu, "ggml", "fp32", F).peak_bytes == predict(_cost(), gpu, "ggml", "fp32", F).peak_bytes
+
+
 def test_fit_phases_recovers_known_factors():
     """Cases measured in two phases, made from known factors, static and dynamic, are fitted back."""
     rows, true, dyn, base, per_node = _synthetic_rows()

@@ -200,6 +200,24 @@ def test_embedding_lookup_reads_only_the_rows_taken():
     assert c.weight_bytes == 4 * 1000 * 64  # the whole table stays resident
 
 
+def test_a_table_left_mapped_from_its_file_is_listed_with_its_offset(tmp_path):
+    """A lookup table sdrt maps from the model's files (``Graph.external_refs``) is listed with where it lies, so
+    that a backend that runs tables from the mapped file (ggml, where the offset suits it) is not charged for them:
+    a large inline table at its offset in the .onnx file (as CLIP-L's; a model's external data over 2 GiB stays
+    mapped too, as SDXL's second text encoder's), and not one parsed from bytes."""
+    table = np.arange(4096 * 128, dtype=np.float32).reshape(4096, 128)  # 2 MiB: mapped, not read in
+    model = helper.make_model(helper.make_graph(
+        [helper.make_node("Gather", ["table", "ids"], ["y"], axis=0)], "lookup",
+        [helper.make_tensor_value_info("ids", TensorProto.INT64, [1, 77])], [helper.make_tensor_value_info("y", F, None)],
+        [numpy_helper.from_array(table, "table")]), opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, tmp_path / "model.onnx")
+    graph = Graph.load(tmp_path / "model.onnx")
+    ref = graph.external_refs["table"]
+    assert ref is not None and ref.length == table.nbytes
+    assert graph_costs(graph).mapped_tables == ((float(table.nbytes), ref.offset),)
+    assert graph_costs(Graph.load(model.SerializeToString())).mapped_tables == ()
+
+
 def test_memory_fields_tables_largest_kernels_and_fused_attention(tmp_path):
     """Lookup tables, the largest conv kernel / other weight, and the activations' peak without attention's
     scores, on the calibration's own graphs (hand-computed sizes)."""

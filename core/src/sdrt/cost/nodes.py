@@ -154,6 +154,11 @@ class GraphCost:
     #: weights that Gather nodes look rows up in (token-embedding tables): a runtime keeps them as stored,
     #: never repacked for a matmul, so memory counts them apart
     table_bytes: float = 0.0
+    #: (bytes, offset in its file) of each lookup table left mapped from the model's files (``Graph.external_refs``:
+    #: SDXL's second text encoder's 253 MB OpenCLIP token table, in its ``model.onnx_data``): a CPU runtime that runs
+    #: from the mapped weights where their offset suits it (ggml: 64-byte aligned) touches only the rows it looks up, so
+    #: the table never becomes resident (``sdrt.cost.model.MAPPED_TABLE_BACKENDS``)
+    mapped_tables: tuple[tuple[float, int], ...] = ()
     #: the largest dense conv kernel wider than 1x1, and the largest other weight: what a runtime holds in
     #: flight while it transforms or repacks one tensor at compile time (a transient on top of the rest)
     largest_conv_bytes: float = 0.0
@@ -441,6 +446,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
     return GraphCost(graph.name, precision, nodes, float(weight_bytes), float(peak), float(io), pinned, unknown,
                      unknown_ops=unknown_ops, uncosted_heavy=uncosted_heavy, subgraph_heavy=_subgraph_heavy(model.graph),
                      table_bytes=float(sum(sizes[t] for t in tables)), peak_activation_bytes_fused=float(peak_fused),
+                     mapped_tables=tuple((float(sizes[t]), ref.offset) for t in sorted(tables)
+                                         if (ref := g.external_refs.get(t)) is not None),
                      peak_activation_bytes_inplace=float(peak_inplace), input_bytes=float(ins_b),
                      output_bytes=float(outs_b), small_weight_bytes=float(small),
                      epilogue_weight_bytes=float(epilogue_w),
