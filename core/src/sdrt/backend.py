@@ -222,6 +222,11 @@ class Session(ABC):
             fix="compile again with sdrt.load(model, weights=...)",
         )
 
+    def release_scratch(self) -> None:  # noqa: B027 - optional: a backend that keeps no working memory has none to give
+        """Hand back the working memory a run uses that the runtime keeps between calls (its intermediate
+        buffers); the next run allocates it again. A pipeline calls it on its denoiser before decoding. A no-op
+        where the backend keeps none or cannot; never while the session runs."""
+
     def close(self) -> None:
         """Free what the session holds (device memory). Safe to call twice."""
         self._closed = True

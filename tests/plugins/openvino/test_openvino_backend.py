@@ -124,6 +124,19 @@ def test_shape_openvino_rejects_at_run_time_is_wrapped(ov_registry):
     assert "Where:" in str(info.value) and "(1, 2, 8, 8)" in str(info.value)
 
 
+def test_released_scratch_is_allocated_again_by_the_next_run(ov_registry):
+    """``release_scratch`` (OpenVINO's ``release_memory``) between calls, as a pipeline does after its denoising loop:
+    the next run gives the same output; on a closed session it does nothing."""
+    model = conv_model()
+    session = sdrt.load(model.SerializeToString(), backend="openvino", device="CPU")
+    first = session.run({"x": X})["y"]
+    session.release_scratch()
+    session.release_scratch()
+    np.testing.assert_array_equal(session.run({"x": X})["y"], first)
+    session.close()
+    session.release_scratch()
+
+
 def test_closed_session_refuses_to_run(ov_registry):
     session = sdrt.load(conv_model().SerializeToString(), backend="openvino")
     session.close()

@@ -321,6 +321,13 @@ class Part:
 
         return self.default_weights if self.default_weights is not None else Weights.from_graph(self.graph)
 
+    def release_scratch(self) -> None:
+        """Its sessions' working memory handed back (``Session.release_scratch``); the graph and weights stay."""
+        for sess in self.sessions.values():
+            release = getattr(sess, "release_scratch", None)  # a StreamedSession's groups load and go anyway
+            if release is not None:
+                release()
+
     def close(self) -> None:
         self.settle()
         for sess in self.sessions.values():

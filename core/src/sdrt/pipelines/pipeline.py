@@ -1359,6 +1359,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
             self._release_nets(s, hires_next=False)
         self._current = self._denoised = None
         self._release(self.denoiser.name, "vae_encoder", stage=True)
+        self.denoiser.release_scratch()  # its buffers' memory goes to the decode (docs/openvino.md, first image)
         if refiner is not None and refiner.active:
             refiner.ref._release(refiner.ref.denoiser.name, stage=True)
         if not np.isfinite(x).all():
