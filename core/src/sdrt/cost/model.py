@@ -539,14 +539,14 @@ def without_mapped_tables(cost: GraphCost, align: int) -> GraphCost:
         return cost
     import dataclasses
 
+    mapped = sum(sizes)
     px = list(cost.weight_order_pixels)
     keep = []
     for i, (size, kind) in enumerate(cost.weight_order):
         if kind == "table" and size in sizes:
-            sizes.remove(size)
+            sizes.remove(size)  # each mapped table's entry once
         else:
             keep.append(i)
-    mapped = sum(size for size, offset in cost.mapped_tables if offset % align == 0)
     return dataclasses.replace(cost, weight_bytes=cost.weight_bytes - mapped,
                                table_bytes=max(0.0, cost.table_bytes - mapped),
                                weight_order=tuple(cost.weight_order[i] for i in keep),
