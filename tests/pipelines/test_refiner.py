@@ -223,6 +223,30 @@ def test_low_memory_base_and_refiner_give_the_same_image() -> None:
     np.testing.assert_array_equal(got, want)
 
 
+def test_the_refiners_unet_hands_back_its_working_memory_before_the_decode(monkeypatch) -> None:
+    """After the loop both UNets release their sessions' buffers (OpenVINO's ``release_memory``) before the VAE
+    decodes; the next run allocates them again and gives the same image."""
+    from sdrt.pipelines.parts import Part
+
+    register("openvino")
+    kw = dict(steps=4, sampler="Euler", seed=3, width=64, height=64, refiner=REFINER, refiner_switch_at=0.5)
+    base = _pipe("tiny-sdxl", "openvino")
+    want = base("a cat", "blurry", **kw)[0]
+    released: list[Part] = []
+    release = Part.release_scratch
+
+    def spy(self: Part) -> None:
+        released.append(self)
+        release(self)
+
+    monkeypatch.setattr(Part, "release_scratch", spy)
+    got = base("a cat", "blurry", **kw)[0]
+    refiner = next(iter(base._refiners.values()))
+    assert any(p is refiner.denoiser for p in released) and any(p is base.denoiser for p in released)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(base("a cat", "blurry", **kw)[0], want)
+
+
 @pytest.mark.parametrize(("key", "hint"), [("refiner_checkpoint", "pass refiner (a model path"),
                                            ("denoising_end", "pass refiner and refiner_switch_at")])
 def test_other_libraries_names_point_at_refiner(key: str, hint: str) -> None:

@@ -1362,6 +1362,7 @@ class Pipeline(ToolboxMixin, MemoryMixin, InpaintMixin):
         self.denoiser.release_scratch()  # its buffers' memory goes to the decode (docs/openvino.md, first image)
         if refiner is not None and refiner.active:
             refiner.ref._release(refiner.ref.denoiser.name, stage=True)
+            refiner.ref.denoiser.release_scratch()  # the refiner's UNet ran last: its buffers too
         if not np.isfinite(x).all():
             raise SdrtError("the sampler produced NaN or infinite latents",
                             where=f"{self.denoiser.path} on {self.backend}",
