@@ -305,6 +305,19 @@ def test_no_gpu_amd_epyc_vm_gets_openvino(machine):
     assert rec.plugin == "openvino" and rec.uses_cpu
 
 
+def test_xeon_vm_with_amx_reads_its_last_level_cache_from_sysfs(machine):
+    """This build VM's capture: two vCPUs sharing one 480 MiB L3 (``sdrt.cost``: weights beyond it stream)."""
+    hw = machine("no_gpu_xeon_amx_vm")
+    assert hw.devices == [] and hw.cpu.threads == 2
+    assert {"AVX-512-BF16", "AMX-BF16"} <= set(hw.cpu.isa)
+    assert hw.cpu.cache_bytes == 491520 * 1024  # index3 once, though both CPUs list it
+    assert recommend(hw).plugin == "openvino"
+
+
+def test_machines_without_a_cache_capture_leave_it_unknown(machine):
+    assert machine("no_gpu_amd_epyc_vm").cpu.cache_bytes is None
+
+
 def test_arm_linux_raspberry_pi_gets_ggml_cpu(machine):
     hw = machine("arm_linux_raspberry_pi_5")
     assert (hw.arch, hw.cpu.model, hw.cpu.threads) == ("arm64", "Raspberry Pi 5 Model B Rev 1.0", 4)

@@ -133,6 +133,33 @@ def test_sysctl_apple_and_intel():
     assert {"avx", "avx2", "fma", "f16c"} <= set(parse.cpu_from_sysctl(values, "x86_64").features)
 
 
+def test_last_level_cache_counts_each_instance_once():
+    """The highest level's data or unified caches, each ``shared_cpu_list`` once: two CCDs' L3s add up, the CPUs
+    sharing one do not; instruction caches and unreadable sizes are left out."""
+    def row(level, kind, size, shared):
+        return {"level": level, "type": kind, "size": size, "shared_cpu_list": shared}
+
+    ccds = [row("1", "Data", "32K", "0,16"), row("1", "Instruction", "32K", "0,16"), row("2", "Unified", "1024K", "0,16"),
+            row("3", "Unified", "32768K", "0-7,16-23"), row("3", "Unified", "32768K", "0-7,16-23"),
+            row("3", "Unified", "32768K", "8-15,24-31")]
+    assert parse.last_level_cache(ccds) == 64 * 2**20
+    assert parse.last_level_cache([row("2", "Unified", "4M", "0-3"), row("1", "Instruction", "64K", "0")]) == 4 * 2**20
+    assert parse.last_level_cache([row("3", "Unified", "lots", "0")]) is None and parse.last_level_cache([]) is None
+    assert parse.parse_cache_size("491520K") == 491520 * 1024 and parse.parse_cache_size("") is None
+
+
+def test_cache_size_from_sysctl_and_cim():
+    assert parse.cpu_from_sysctl({"hw.l3cachesize": "12582912", "hw.l2cachesize": "262144"}, "x86_64").cache_bytes \
+        == 12 * 2**20
+    # Apple silicon (the M3 Max capture): the performance cluster's L2, not the efficiency cores' 4 MiB
+    values = parse.parse_sysctl((MACHINES / "apple_m3_max_macbook_pro" / "sysctl.txt").read_text())
+    assert parse.cpu_from_sysctl(values, "arm64").cache_bytes == 16 * 2**20
+    assert parse.cpu_from_sysctl({}, "arm64").cache_bytes is None
+    two = [{"Name": "Xeon", "Manufacturer": "GenuineIntel", "NumberOfCores": 8, "L3CacheSize": 16896}] * 2
+    assert parse.cpu_from_cim(two, "x86_64").cache_bytes == 2 * 16896 * 1024
+    assert parse.cpu_from_cim([{"Name": "Xeon"}], "x86_64").cache_bytes is None
+
+
 def test_system_pci_ids_database_lookup():
     text = (MACHINES / "meteor_lake_igpu_and_npu_linux" / "root/usr/share/hwdata/pci.ids").read_text()
     assert parse.parse_pci_ids(text, {("8086", "7d1d"), ("8086", "7d45"), ("8086", "ffff")}) == {

@@ -83,6 +83,7 @@ def _set_nvidia(dev: Accelerator, row: dict[str, Any]) -> None:
 def linux(raw: dict[str, Any], arch: str) -> Hardware:
     hw = Hardware(os="Linux", arch=arch, wsl=bool(raw.get("wsl")))
     hw.cpu = parse.parse_cpuinfo(raw["cpuinfo"], arch) if raw.get("cpuinfo") else CPU(arch=arch)
+    hw.cpu.cache_bytes = parse.last_level_cache(raw.get("caches") or [])
     records: list[parse.PciRecord] = raw.get("pci") or []
     ids = {(r.vendor_id, r.device_id) for r in records}
     ids |= {(g["vendor_id"], g["device_id"]) for g in raw.get("nvidia_smi", []) if g.get("device_id")}

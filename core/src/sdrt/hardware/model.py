@@ -24,6 +24,8 @@ class CPU:
     threads: int | None = None       # logical processors
     #: canonical lowercase ISA flags we care about (see ``parse.ISA_FLAGS``)
     features: tuple[str, ...] = ()
+    #: the last-level cache in bytes, all its instances together (two CCDs' L3s: both); None where unknown
+    cache_bytes: int | None = None
 
     @property
     def isa(self) -> list[str]:

@@ -95,6 +95,29 @@ def parse_sysctl(text: str) -> dict[str, str]:
     return out
 
 
+def parse_cache_size(text: str) -> int | None:
+    """A sysfs cache ``size`` (``491520K``, ``32M``) in bytes."""
+    m = re.fullmatch(r"\s*(\d+)\s*([KMG]?)i?B?\s*", text or "", re.IGNORECASE)
+    if not m:
+        return None
+    return int(m.group(1)) * {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}[m.group(2).upper()]
+
+
+def last_level_cache(rows: list[dict[str, str]]) -> int | None:
+    """The last-level cache in bytes from sysfs rows (``probe_linux._caches``): the highest level's data or unified
+    caches, each instance (its ``shared_cpu_list``) once, summed (the L3 of each of two CCDs: both). None if none."""
+    data = [r for r in rows if r.get("type", "").lower() != "instruction" and _int(r.get("level")) is not None]
+    if not data:
+        return None
+    top = max(_int(r["level"]) or 0 for r in data)
+    seen: dict[str, int] = {}
+    for r in data:
+        size = parse_cache_size(r.get("size", ""))
+        if _int(r["level"]) == top and size:
+            seen.setdefault(r.get("shared_cpu_list") or r.get("size", ""), size)
+    return sum(seen.values()) or None
+
+
 def cpu_from_sysctl(values: dict[str, str], arch: str) -> CPU:
     """macOS ``sysctl machdep.cpu hw`` values -> CPU."""
     brand = values.get("machdep.cpu.brand_string", "unknown")
@@ -117,6 +140,9 @@ def cpu_from_sysctl(values: dict[str, str], arch: str) -> CPU:
     # hw.* first; machdep.cpu.core_count/thread_count are what some macOS releases and sysctl subsets give
     cpu.cores = _int(values.get("hw.physicalcpu")) or _int(values.get("machdep.cpu.core_count"))
     cpu.threads = _int(values.get("hw.logicalcpu")) or _int(values.get("machdep.cpu.thread_count"))
+    # the last level the CPU reports: an Intel Mac's L3; Apple silicon's performance cluster's L2
+    cpu.cache_bytes = (_int(values.get("hw.l3cachesize")) or _int(values.get("hw.perflevel0.l2cachesize"))
+                       or _int(values.get("hw.l2cachesize")) or None)
     return cpu
 
 
@@ -136,6 +162,7 @@ def cpu_from_cim(items: list[dict[str, Any]], arch: str, features: tuple[str, ..
         cores=sum(_int(i.get("NumberOfCores")) or 0 for i in items) or None,
         threads=sum(_int(i.get("NumberOfLogicalProcessors")) or 0 for i in items) or None,
         features=features,
+        cache_bytes=1024 * sum(_int(i.get("L3CacheSize")) or 0 for i in items) or None,  # KiB per socket
     )
 
 

@@ -10,6 +10,7 @@ from .pcidb import KNOWN_NPUS, PCI_IDS_PATHS
 from .probe import Context
 
 PCI_DEVICES = "sys/bus/pci/devices"
+CPU_DEVICES = "sys/devices/system/cpu"
 KFD_NODES = "sys/class/kfd/kfd/topology/nodes"
 WSL_NVIDIA_SMI = "usr/lib/wsl/lib/nvidia-smi"
 
@@ -18,6 +19,7 @@ def gather(ctx: Context) -> dict[str, Any]:
     """Everything the Linux assembler needs, read under ``ctx.root``."""
     raw: dict[str, Any] = {}
     raw["cpuinfo"] = ctx.read("proc/cpuinfo")
+    raw["caches"] = ctx.guard("cpu caches", lambda: _caches(ctx)) or []
     version = ctx.read("proc/version") or ""
     raw["wsl"] = "microsoft" in version.lower() or ctx.path(WSL_NVIDIA_SMI).exists()
     raw["pci"], raw["pci_source"] = ctx.guard("sysfs pci", lambda: _pci(ctx)) or ([], "none")
@@ -35,6 +37,19 @@ def gather(ctx: Context) -> dict[str, Any]:
                 raw["pci_ids"] = text
                 break
     return raw
+
+
+def _caches(ctx: Context) -> list[dict[str, str]]:
+    """Every CPU's cache levels from sysfs (``level``, ``type``, ``size``, ``shared_cpu_list`` of each index)."""
+    base = ctx.path(CPU_DEVICES)
+    if not base.is_dir():
+        return []
+    out = []
+    for cpu in sorted(base.glob("cpu[0-9]*/cache/index[0-9]*")):
+        row = {k: (ctx.read(cpu / k) or "").strip() for k in ("level", "type", "size", "shared_cpu_list")}
+        if row["level"] and row["size"]:
+            out.append(row)
+    return out
 
 
 def _pci(ctx: Context) -> tuple[list[parse.PciRecord], str]:

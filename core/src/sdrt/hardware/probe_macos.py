@@ -7,7 +7,8 @@ from typing import Any
 from . import parse
 from .probe import Context
 
-SYSCTL_KEYS = ("machdep.cpu", "hw.physicalcpu", "hw.logicalcpu", "hw.memsize", "hw.optional")
+#: whole subtrees: a name macOS lacks (``hw.l3cachesize`` on Apple silicon) would fail the command, and every value
+SYSCTL_KEYS = ("machdep.cpu", "hw")
 
 
 def gather(ctx: Context) -> dict[str, Any]:

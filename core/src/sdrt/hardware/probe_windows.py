@@ -18,7 +18,7 @@ VIDEO = ("Get-CimInstance Win32_VideoController | Select-Object Name,PNPDeviceID
 NPU = ("Get-CimInstance Win32_PnPEntity -Filter \"PNPClass='ComputeAccelerator'\" | "
        "Select-Object Name,PNPDeviceID,Manufacturer | ConvertTo-Json")
 PROCESSOR = ("Get-CimInstance Win32_Processor | Select-Object Name,Manufacturer,NumberOfCores,"
-             "NumberOfLogicalProcessors | ConvertTo-Json")
+             "NumberOfLogicalProcessors,L3CacheSize | ConvertTo-Json")
 #: dedicated memory per adapter: AdapterRAM is a 32-bit field and stops at 4 GiB
 MEMSIZE = ("Get-ItemProperty -Path 'HKLM:\\SYSTEM\\CurrentControlSet\\Control\\Class\\"
            "{4d36e968-e325-11ce-bfc1-08002be10318}\\0*' -ErrorAction SilentlyContinue | "
