@@ -58,13 +58,17 @@ def main(argv=None) -> int:
             bw = stored.get("bandwidth_bytes_per_s") or dev.bandwidth_bytes_per_s
             scale = case_activation_scale(backend, precision)
             plain = int(stored.get("plain_conv_pixels", 0))  # as the backend routed the measured cases
+            # the cache the cases were measured beside (a report from before it was recorded: none, no stream term)
+            cache = ((data.get("calibration") or {}).get("device") or {}).get("cache_bytes", 0)
             rows = []
             for r in measured[key]:
-                _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision)
+                _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision,
+                                                       r.get("count"))  # a sized case's, as it was measured
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=dev.peak(precision), bandwidth=bw, pinned=pinned,
                                      scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu",
-                                     dense_heads=copies_heads(backend, kind), plain_pixels=plain))
+                                     dense_heads=copies_heads(backend, kind), plain_pixels=plain,
+                                     cache_bytes=int(cache) if kind == "cpu" else 0))
             mine[f"{backend}/{kind}/{precision}"] = fit_precision(rows, bw, backend, precision, dev,
                                                                    mine.get(f"{backend}/{kind}/fp32"), plain_pixels=plain)
             print(f"refitted {backend}/{kind}/{precision} from {len(rows)} cases", file=sys.stderr)

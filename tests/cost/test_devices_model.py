@@ -117,7 +117,7 @@ def test_fit_recovers_known_factors():
     40 us per node, 120 us per call; memory 1.5 x weights + 0.8 x activations + 60 MiB) are fitted back."""
     eff = {"matmul": 0.7, "conv": 0.5, "dwconv": 0.1, "attention": 0.3, "softmax": 0.05, "norm": 0.2, "groupnorm": 0.02,
            "elementwise": 0.25, "data": 1.0}
-    traffic = {"act_ms": 0.6, "data_ms": 0.3, "weight_ms": 0.8, "fused_ms": 2.0}
+    traffic = {"act_ms": 0.6, "data_ms": 0.3, "weight_ms": 0.8, "fused_ms": 2.0, "stream_weight_ms": 1.7}
     rows = []
     rng = np.random.default_rng(3)
     for i in range(27):
@@ -138,7 +138,8 @@ def test_fit_recovers_known_factors():
             assert got.efficiency[c] == pytest.approx(e, rel=1e-3), c
     assert got.overhead_s["conv"] == pytest.approx(40e-6, rel=1e-3) and got.call_s == pytest.approx(120e-6, rel=1e-3)
     assert (got.bandwidth_efficiency, got.data_bandwidth_efficiency, got.weight_bandwidth_efficiency,
-            got.fused_bandwidth_efficiency) == pytest.approx((0.6, 0.3, 0.8, 2.0), rel=1e-3)
+            got.fused_bandwidth_efficiency, got.stream_weight_bandwidth_efficiency) == pytest.approx(
+        (0.6, 0.3, 0.8, 2.0, 1.7), rel=1e-3)
     assert got.additive and got.calibrated
     assert got.base_bytes == pytest.approx(60 * 2**20)  # from the small cases alone
     assert (got.weight_factor, got.activation_factor) == (pytest.approx(1.5), pytest.approx(0.8))
@@ -161,17 +162,18 @@ def test_calibrated_time_terms_add_up():
 
 
 def test_calibration_cases_build_and_cover_the_classes():
-    from sdrt.cost.calibrate import CASES, build_case, features
+    from sdrt.cost.calibrate import CASES, SIZED_CASES, build_case, features, stream_count
     from sdrt.cost.nodes import graph_costs
     from sdrt.graph import Graph
 
     seen: dict[str, float] = {}
     gpu: dict[str, float] = {}  # a device with memory of its own: per-class node counts and the host transfers
     convert = 0.0  # float32 activations into half matmuls (a backend that keeps them float32 at bf16)
+    cache = 16 * 2**20  # a last-level cache: the sized case's weights are twice it
     for case in CASES:
-        model, feeds = build_case(case)
+        model, feeds = build_case(case, stream_count(cache, "fp32") if case in SIZED_CASES else None)
         cost = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
-        for k, v in features(cost, 1e11, 1e10).items():
+        for k, v in features(cost, 1e11, 1e10, cache_bytes=cache).items():
             seen[k] = seen.get(k, 0.0) + v
         convert += features(cost, 1e11, 1e10, act_scale=2.0)["matmul_convert_ms"]
         for k, v in features(cost, 1e11, 1e10, transfers=True).items():
@@ -182,6 +184,38 @@ def test_calibration_cases_build_and_cover_the_classes():
                                                       *per_class)), seen  # data nodes: no FLOPs
     assert seen["matmul_convert_ms"] == 0 < convert
     assert seen["io_ms"] == 0 < gpu["io_ms"]  # fp32 converts nothing on a CPU; a GPU copies the inputs and outputs
+
+
+def test_weights_past_the_last_level_cache_stream_every_call():
+    """A part whose weights (lookup tables apart) do not fit in the CPU's last-level cache reads them all from memory
+    each call, at the fitted stream efficiency, on top of their other terms; one that fits, a GPU, or factors without
+    the term (an older calibration) pay nothing more. ``stream_count`` sizes the case that fits it past the cache."""
+    from dataclasses import replace
+
+    from sdrt.cost.calibrate import stream_count
+
+    mib = 2**20
+    cpu = replace(devices.find("cpu"), cache_bytes=32 * mib)
+    f = Factors({"matmul": 0.5}, {"matmul": 0.0}, additive=True, bandwidth_bytes_per_s=1e10, bandwidth_efficiency=1.0,
+                weight_bandwidth_efficiency=4.0, stream_weight_bandwidth_efficiency=0.5)
+
+    def part(weights: float, table: float = 0.0) -> GraphCost:
+        return GraphCost("g", "bf16", [NodeCost("m", "MatMul", "matmul", 1e6, weights + 1e3, 1e3, weights)],
+                         weights + table, 1e3, 0.0, table_bytes=table)
+
+    small, big = part(30 * mib), part(40 * mib)
+    assert "stream" not in predict(small, cpu, "ggml", "bf16", f).by_class_ms
+    extra = predict(big, cpu, "ggml", "bf16", f).ms - predict(big, cpu, "ggml", "bf16", replace(
+        f, stream_weight_bandwidth_efficiency=None)).ms
+    assert extra == pytest.approx(1000 * 40 * mib / (1e10 * 0.5))
+    assert "stream" not in predict(part(30 * mib, table=20 * mib), cpu, "ggml", "bf16", f).by_class_ms  # rows looked up
+    gpu = next(d for d in devices.library() if d.kind == "gpu")
+    assert "stream" not in predict(big, gpu, "ggml", "bf16", f).by_class_ms
+    assert "stream" not in predict(big, replace(cpu, cache_bytes=0), "ggml", "bf16", f).by_class_ms  # unknown
+    # twice the cache at the precision's bytes: 480 MiB of L3 at bf16, 8 MiB a weight -> 120 (1.9 GiB as float32);
+    # past protobuf's 2 GiB as float32: none
+    assert stream_count(480 * mib, "bf16") == 120 and stream_count(480 * mib, "fp32") == 60
+    assert stream_count(32 * mib, "bf16") == 8 and stream_count(0, "bf16") == 0 and stream_count(1024 * mib, "bf16") == 0
 
 
 def test_half_precision_converts_the_inputs_and_outputs():

@@ -147,7 +147,10 @@ def _summary(name: str, dev_id: str, prec: str, factors: Any) -> None:
           f" {factors.bandwidth_efficiency:.2f}, data {factors.data_bandwidth_efficiency:.2f}, weights"
           f" {factors.weight_bandwidth_efficiency or 0:.2f} (3x3 conv kernels"
           f" {factors.conv_weight_bandwidth_efficiency or 0:.2f}, per further image"
-          f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}), epilogues {factors.fused_bandwidth_efficiency:.2f};"
+          f" {factors.conv_weight_batch_bandwidth_efficiency or 0:.2f}"
+          + (f", past the last-level cache again x {factors.stream_weight_bandwidth_efficiency:.2f}"
+             if factors.stream_weight_bandwidth_efficiency is not None else "")
+          + f"), epilogues {factors.fused_bandwidth_efficiency:.2f};"
           f" memory = {factors.weight_factor:.2f} x weights ({factors.conv_weight_factor or 0:.2f} x conv kernels)"
           f" + {factors.activation_factor:.2f} x activations + {factors.node_bytes / 1e3:.0f} kB per node"
           f" + {factors.base_bytes / 2**20:.0f} MiB"

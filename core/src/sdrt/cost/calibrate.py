@@ -48,6 +48,7 @@ from .model import (
     largest_weights,
     matmul_input_bytes,
     memory_nodes,
+    streamed_bytes,
     timed_node,
 )
 from .nodes import graph_costs
@@ -157,14 +158,38 @@ CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     # tells the bytes per weight byte from the one weight in flight (every other case holds one to three large ones)
     "conv_big": ("conv", (640, 12, 3, 1, 40)),       # ... and forty 14 MiB 3x3 kernels (563 MiB), static, likewise,
     # on a map of 144 pixels: larger than a runtime's small-map routes take (``Factors.plain_conv_pixels``)
+    "mm_stream": ("matmul", (8, 2048, 2048, 4)),     # 8 rows over weights twice the CPU's last-level cache (their
+    # count set per machine: ``stream_count``), which every call reads from memory
+    # (``Factors.stream_weight_bandwidth_efficiency``)
 }
+#: cases whose count (the last of their arguments) is set per machine: ``stream_count``
+SIZED_CASES = frozenset({"mm_stream"})
+#: the most float32 bytes of weights a sized case is built with, under protobuf's 2 GiB (a CPU with more last-level
+#: cache than half of it at the precision goes without the stream term)
+STREAM_MAX_BYTES = 2**31 - 64 * 2**20
 
 
-def build_case(case: str) -> tuple[Any, dict[str, np.ndarray]]:
-    """The calibration graph ``case`` (a key of ``CASE_SPECS``); returns (model, feeds)."""
+def stream_count(cache_bytes: int, precision: str) -> int:
+    """How many 2048 x 2048 weights ``mm_stream`` takes on a CPU with ``cache_bytes`` of last-level cache: their bytes
+    at ``precision`` twice the cache; 0 (the case left out) where the cache is unknown or the weights would pass
+    ``STREAM_MAX_BYTES`` as float32 (the case is one ONNX file)."""
+    from .nodes import WEIGHT_BYTES
+
+    if not cache_bytes:
+        return 0
+    each = 2048 * 2048
+    n = -(-2 * cache_bytes // int(each * WEIGHT_BYTES.get(precision, 4)))
+    return max(2, n) if n * each * 4 <= STREAM_MAX_BYTES else 0
+
+
+def build_case(case: str, count: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+    """The calibration graph ``case`` (a key of ``CASE_SPECS``), with ``count`` as its last argument where given (a
+    ``SIZED_CASES`` case); returns (model, feeds)."""
     from onnx import TensorProto, helper
 
     kind, args = CASE_SPECS[case]
+    if count is not None:
+        args = (*args[:-1], count)
     rng = np.random.default_rng(7)
     f32 = TensorProto.FLOAT
     g = _Chain(rng)
@@ -682,7 +707,7 @@ def measure_bandwidth(mb: int = 128, repeats: int = 9) -> float:
 
 
 #: the terms of the time fit besides one FLOPs term per timing class (``TIME_CLASSES``)
-TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
+TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "relayout_narrow_ms", "weight_ms", "conv_weight_ms", "conv_weight_batch_ms", "stream_weight_ms", "fused_ms", "fused_flops_ms", "io_ms", "nodes", "attn_nodes", "attn_rows", "int_nodes", "shape_nodes", "dyn_nodes", "call")
 #: the op classes whose nodes each have a fixed cost of their own on a device with memory of its own (``features``'
 #: ``transfers``): a GPU runtime launches kernels per node, as many as the op class takes (ggml on CUDA: a conv is an
 #: im2col, a matmul and a bias add; a transpose a copy), where a CPU runtime's fixed cost per node is one figure
@@ -694,7 +719,8 @@ IM2COL_GPU_BACKENDS = frozenset({"ggml"})
 
 
 def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act_scale: float = 1.0,
-             tail32: bool = False, transfers: bool = False, dense_heads: bool = False) -> dict[str, float]:
+             tail32: bool = False, transfers: bool = False, dense_heads: bool = False,
+             cache_bytes: float = 0.0) -> dict[str, float]:
     """A part's time features, linear in the factors ``fit`` finds: milliseconds of FLOPs per timing class
     at ``peak`` (``flops_<class>``), milliseconds of traffic at ``bandwidth`` (``act_ms``: activations of
     compute nodes but convs and attention; ``attn_act_ms``: of attention's matmuls and softmax, the scores, which
@@ -714,7 +740,9 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     (``float32_tail``), so each activation crossing between the tail and the half body (``GraphCost.tail_conversions``)
     is converted by a node of its own: one more node (``nodes``, and ``dyn_nodes``; its traffic, a contiguous copy in
     cache, is left out: OpenVINO converted a 1024 x 320 residual stream to bf16 and back at ~150 GB/s, 26 us a block).
-    ``dense_heads``: the backend copies attention's head transposes (``model.copies_heads``); elsewhere they are free."""
+    ``dense_heads``: the backend copies attention's head transposes (``model.copies_heads``); elsewhere they are free.
+    ``cache_bytes``: the CPU's last-level cache (0: unknown, or a GPU): ``stream_weight_ms``, the weights again where
+    they do not fit in it (``model.streamed_bytes``), which every call reads from memory."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))
@@ -746,6 +774,7 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
         key = ("data_ms" if n.op_class == "data" else "conv_act_ms" if n.op_class == "conv" else "attn_act_ms"
                if n.op_class == "attention" else "act_ms")
         out[key] += 1000 * act_scale * (n.bytes - n.weight_bytes) / bandwidth
+    out["stream_weight_ms"] = 1000 * streamed_bytes(cost, cache_bytes) / bandwidth
     if act_scale != 1.0:  # float32 activations into half matmuls
         out["matmul_convert_ms"] = 1000 * act_scale * matmul_input_bytes(cost) / bandwidth
     if tail32 and getattr(cost, "precision", "fp32") != "fp32" and getattr(cost, "tail_conversions", 0):
@@ -759,16 +788,17 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
 
 def case_row(name: str, cost: Any, m: dict[str, Any], *, peak: float, bandwidth: float, pinned: bool = False,
              scale: float = 1.0, tail: bool = False, transfers: bool = False, dense_heads: bool = False,
-             plain_pixels: int = 0) -> dict[str, Any]:
+             plain_pixels: int = 0, cache_bytes: float = 0.0) -> dict[str, Any]:
     """One calibration case's row for the fit: its measurement ``m`` (``measure``'s figures) and what the fit reads of
     its ``GraphCost`` (features, weights, activations as the runtime holds them: ``scale`` x at a half precision on a
     backend that keeps them float32; ``tail``: with the graph's tail float32, ``float32_tail``). ``pinned``: the backend
     ran the case at static shapes; ``plain_pixels``: the backend holds the kernels of convs on maps of at most so many
-    output pixels as stored (``Factors.plain_conv_pixels``). Stored measurements
+    output pixels as stored (``Factors.plain_conv_pixels``); ``cache_bytes``: the CPU's last-level cache (``features``).
+    Stored measurements
     (``--calibrate --report``) are refitted through this with the cost code of the day (``scripts/refit_calibration.py``)."""
     largest_conv, largest_other = largest_weights(cost, plain_pixels)
     return {"case": name, "features": features(cost, peak, bandwidth, pinned=pinned, act_scale=scale, tail32=tail,
-                                               transfers=transfers, dense_heads=dense_heads),
+                                               transfers=transfers, dense_heads=dense_heads, cache_bytes=cache_bytes),
             "timed": name.removeprefix("cal_") not in MEMORY_CASES, "pinned": pinned,
             "median_ms": m["median_ms"], "robust_ms": m["robust_ms"], "times_ms": m["times_ms"],
             "pass_ms": m.get("pass_ms", [m["robust_ms"]]),
@@ -816,8 +846,10 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
     rows: dict[str, dict[str, Any]] = {}
     with tempfile.TemporaryDirectory(prefix="sdrt-calibrate-") as tmp:
         folder = Path(workdir or tmp)
-        built = [case_cost(case, folder, precision) for case in CASES
-                 if case not in RELAYOUT_CASES or backend in RELAYOUT_BACKENDS]
+        cache = dev.cache_bytes if dev.kind == "cpu" else 0
+        counts = {case: stream_count(cache, precision) for case in SIZED_CASES}
+        built = [case_cost(case, folder, precision, counts.get(case)) for case in CASES
+                 if (case not in RELAYOUT_CASES or backend in RELAYOUT_BACKENDS) and counts.get(case) != 0]
         for _ in range(max(1, passes)):
             for name, path, feeds, cost in built:
                 if progress:
@@ -838,8 +870,11 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                 prev = rows[name]["pass_ms"] if name in rows else []
                 rows[name] = case_row(name, cost, m, peak=peak, bandwidth=bw, pinned=pinned, scale=scale,
                                       tail=float32_tail(backend, precision), transfers=dev.kind != "cpu",
-                                      dense_heads=copies_heads(backend, dev.kind), plain_pixels=plain)
+                                      dense_heads=copies_heads(backend, dev.kind), plain_pixels=plain,
+                                      cache_bytes=cache)
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
+                if name.removeprefix("cal_") in counts:  # a sized case: built again as measured (a refit)
+                    rows[name]["count"] = counts[name.removeprefix("cal_")]
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
         # that compiles static shapes only, whose dynamic cases were pinned, so that their rows hold it (ggml's tiny
         # SDXL parts, pinned, were predicted within 2 MiB without it, and 1.21 x over imports with it)
@@ -864,12 +899,13 @@ def plain_conv_pixels(backend: str, device_id: str | None, precision: str) -> in
     return int(be.plain_conv_pixels(dev, precision))
 
 
-def case_cost(case: str, folder: Path, precision: str) -> tuple[str, Path, dict[str, np.ndarray], Any]:
-    """Calibration case ``case`` built, written into ``folder`` and costed at ``precision``: (its graph's name, the
-    ONNX file, its feeds, its ``GraphCost``)."""
+def case_cost(case: str, folder: Path, precision: str, count: int | None = None
+              ) -> tuple[str, Path, dict[str, np.ndarray], Any]:
+    """Calibration case ``case`` built (``count``: a ``SIZED_CASES`` case's), written into ``folder`` and costed at
+    ``precision``: (its graph's name, the ONNX file, its feeds, its ``GraphCost``)."""
     from ..graph import Graph
 
-    model, feeds = build_case(case)
+    model, feeds = build_case(case, count)
     path = folder / f"{model.graph.name}.onnx"
     path.write_bytes(model.SerializeToString())
     return model.graph.name, path, feeds, graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()},
@@ -1212,6 +1248,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    matmul_convert_bandwidth_efficiency=_inv(c.get("matmul_convert_ms")),
+                   stream_weight_bandwidth_efficiency=_inv(c["stream_weight_ms"]) if "stream_weight_ms" in c else None,
                    call_s=c.get("call", 0.0) / 1000.0, attention_row_s=c.get("attn_rows", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,
                    sequential_transients=backend in SEQUENTIAL_WEIGHT_BACKENDS, float32_tail=tail32, pin_bytes=pin,

@@ -36,6 +36,9 @@ class DeviceSpec:
     cores: int = 0
     isa: tuple[str, ...] = ()
     extra: dict[str, Any] = field(default_factory=dict)
+    #: a CPU's last-level cache in bytes (``sdrt.hardware``'s ``CPU.cache_bytes``; 0: unknown, or not a CPU): a part
+    #: whose weights are larger streams them from memory every call (``Factors.stream_weight_bandwidth_efficiency``)
+    cache_bytes: int = 0
 
     def peak(self, precision: str) -> float:
         """Peak dense FLOP/s at ``precision``: its own figure, else the rate it computes at, else fp32's."""
@@ -53,16 +56,18 @@ class DeviceSpec:
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "vendor": self.vendor, "kind": self.kind, "memory_bytes": self.memory_bytes,
                 "bandwidth_bytes_per_s": self.bandwidth_bytes_per_s, "peak_flops": self.peak_flops,
-                "cores": self.cores, "isa": list(self.isa), "source": self.source, "derived": self.derived}
+                "cores": self.cores, "isa": list(self.isa), "source": self.source, "derived": self.derived,
+                **({"cache_bytes": self.cache_bytes} if self.cache_bytes else {})}
 
 
 def _spec(e: dict[str, Any]) -> DeviceSpec:
     known = {"name", "vendor", "kind", "memory_bytes", "bandwidth_bytes_per_s", "peak_flops", "source", "derived",
-             "checked", "shared_memory", "cores", "isa"}
+             "checked", "shared_memory", "cores", "isa", "cache_bytes"}
     return DeviceSpec(e["name"], e["vendor"], e["kind"], int(e["memory_bytes"]), float(e["bandwidth_bytes_per_s"]),
                       {k: float(v) for k, v in e["peak_flops"].items()}, e.get("source", ""), e.get("derived", ""),
                       e.get("checked", False), bool(e.get("shared_memory", False)), int(e.get("cores", 0)),
-                      tuple(e.get("isa", ())), {k: v for k, v in e.items() if k not in known})
+                      tuple(e.get("isa", ())), {k: v for k, v in e.items() if k not in known},
+                      int(e.get("cache_bytes", 0) or 0))
 
 
 @lru_cache(maxsize=1)
@@ -235,4 +240,4 @@ def this_cpu() -> DeviceSpec:
     return DeviceSpec(f"this CPU ({cpu.model or cpu.vendor}, {cores} cores)", cpu.vendor or "?", "cpu", _memory_bytes(),
                       bw, peaks, "sdrt.hardware.detect() on this machine",
                       f"{cores} cores x {ghz:.2f} GHz x {per_cycle} FP32 FLOPs/cycle", False, True, cores,
-                      tuple(sorted(feats)))
+                      tuple(sorted(feats)), cache_bytes=int(cpu.cache_bytes or 0))

@@ -208,6 +208,12 @@ class Factors:
     #: conversion is per input element, not per FLOP, so a fit without it charged the 320-640-wide calibration
     #: matmuls' conversions to the FLOPs and put the SDXL UNet, 640-5120 wide, at 1.31-1.46x its time. None or 100: none
     matmul_convert_bandwidth_efficiency: float | None = None
+    #: calibrated on a CPU whose last-level cache is known (``DeviceSpec.cache_bytes``): the efficiency of reading
+    #: weights from memory, on top of their other terms, for a part whose weights (lookup tables apart) do not fit in
+    #: that cache, so that every call streams them (the ``mm_stream`` case, sized past the cache). The other cases'
+    #: weights stay cached between calls: on a 480 MiB L3 (Xeon family 6 model 167) every one of them did at bf16, and
+    #: without this term ggml's bf16 SD 1.5 UNet (1.7 GB) was predicted at 0.67 of its time at 128 px. None or 100: none
+    stream_weight_bandwidth_efficiency: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -468,6 +474,21 @@ def largest_weights(cost: GraphCost, plain_pixels: int = 0) -> tuple[float, floa
             max([other, *moved]))
 
 
+def streamed_bytes(cost: GraphCost, cache_bytes: float) -> float:
+    """The weight bytes a call reads from memory where the CPU's last-level cache holds ``cache_bytes``: all of them
+    (lookup tables apart: a Gather reads only the rows looked up) when they do not fit, else none."""
+    weights = max(0.0, float(cost.weight_bytes) - float(getattr(cost, "table_bytes", 0.0)))
+    return weights if cache_bytes and weights > cache_bytes else 0.0
+
+
+def streamed_weight_bytes(cost: GraphCost, device: DeviceSpec, f: Factors) -> float:
+    """``streamed_bytes`` on ``device`` where its factors charge them (``Factors.stream_weight_bandwidth_efficiency``)."""
+    eff = f.stream_weight_bandwidth_efficiency
+    if not eff or eff >= 100.0 or device.kind != "cpu":
+        return 0.0
+    return streamed_bytes(cost, getattr(device, "cache_bytes", 0))
+
+
 def matmul_input_bytes(cost: GraphCost) -> float:
     """The activation bytes that a part's weight matmuls read (as its nodes count them): what a backend that keeps
     activations float32 at a half precision converts to the half type per call (``matmul_convert_ms``)."""
@@ -507,6 +528,9 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     im2col_eff = f.im2col_bandwidth_efficiency
     if im2col_eff and im2col_eff < 100.0 and getattr(cost, "im2col_bytes", 0.0):
         by["im2col"] = 2 * cost.im2col_bytes / (bw * im2col_eff)
+    streamed = streamed_weight_bytes(cost, device, f)
+    if streamed:  # weights past the cache, read from memory every call
+        by["stream"] = streamed / (bw * f.stream_weight_bandwidth_efficiency)
     conversions = tail_conversions(cost, precision, f)
     if conversions:  # the float32 tail's conversions: a node each (their traffic, a copy in cache, left out)
         by["convert"] = conversions * f.overhead_s.get("data", 0.0)
