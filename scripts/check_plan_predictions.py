@@ -207,7 +207,8 @@ def main(argv=None) -> int:
                          "features": features(cost, cpu.peak(PRECISION), f.bandwidth_bytes_per_s or cpu.bandwidth_bytes_per_s,
                                               act_scale=activation_scale(PRECISION, f), tail32=f.float32_tail,
                                               transfers=f.host_transfers, dense_heads=copies_heads(be, cpu.kind),
-                                              cache_bytes=cpu.cache_bytes if cpu.kind == "cpu" else 0)}
+                                              cache_bytes=(f.stream_cache_bytes or cpu.cache_bytes)
+                                              if cpu.kind == "cpu" else 0)}
                     best[key] = r
                     print(f"{group:<18} {name:<16} {be:<9} pred {pr.ms:9.2f} ms  meas {m['median_ms']:9.2f} ms "
                           f"(robust {r['robust_ms']:8.2f})  x{r['time_ratio']:.2f}   process peak pred {pr.peak_bytes / 2**20:7.0f} MiB "

@@ -216,6 +216,35 @@ def test_weights_past_the_last_level_cache_stream_every_call():
     # past protobuf's 2 GiB as float32: none
     assert stream_count(480 * mib, "bf16") == 120 and stream_count(480 * mib, "fp32") == 60
     assert stream_count(32 * mib, "bf16") == 8 and stream_count(0, "bf16") == 0 and stream_count(1024 * mib, "bf16") == 0
+    # a calibration's own threshold (Factors.stream_cache_bytes, from its ladder) comes before the reported cache
+    assert "stream" in predict(small, cpu, "ggml", "bf16", replace(f, stream_cache_bytes=16 * mib)).by_class_ms
+
+
+def test_the_cache_that_holds_weights_is_measured_on_a_ladder_of_sizes():
+    """``effective_cache``: the largest ladder size read clearly faster per byte than ``mm_stream`` (at most 0.8 of its
+    time per byte), every smaller one too, at most the reported cache; half the smallest where none is, the reported
+    cache where all are or the cases are missing. Rows' stream features follow it, and the ladder stays out of the fit."""
+    from sdrt.cost.calibrate import LADDER_MIB, _stream_feature, effective_cache
+
+    mib = 2**20
+
+    def row(case, size_mib, ms):
+        return {"case": f"cal_{case}", "stream_bytes": size_mib * mib, "robust_ms": ms, "features": {"weight_ms": 1.0}}
+
+    stream = row("mm_stream", 960, 48.0)  # 0.05 ms a MiB
+    ms_per_mib = {16: 0.031, 32: 0.028, 64: 0.025, 128: 0.044, 256: 0.05}
+    ladder = [row(f"cache_{m}", m, m * ms_per_mib[m]) for m in LADDER_MIB]
+    assert effective_cache([stream, *ladder], 480 * mib) == 64 * mib
+    assert effective_cache([stream, *ladder], 32 * mib) == 32 * mib  # never past what the OS reports
+    slow = [row(f"cache_{m}", m, m * 0.05) for m in LADDER_MIB]
+    assert effective_cache([stream, *slow], 480 * mib) == 8 * mib
+    fast = [row(f"cache_{m}", m, m * 0.01) for m in LADDER_MIB]
+    assert effective_cache([stream, *fast], 480 * mib) == 480 * mib
+    assert effective_cache(ladder, 480 * mib) == 480 * mib and effective_cache([stream, *ladder], 0) == 0
+    # 100 MiB of weights past a 64 MiB cache: read again at the copy bandwidth's 10 GB/s; 32 MiB: not
+    assert _stream_feature(row("x", 100, 1.0), 64 * mib, 1e10)["features"]["stream_weight_ms"] == pytest.approx(
+        1000 * 100 * mib / 1e10)
+    assert _stream_feature(row("x", 32, 1.0), 64 * mib, 1e10)["features"]["stream_weight_ms"] == 0.0
 
 
 def test_half_precision_converts_the_inputs_and_outputs():

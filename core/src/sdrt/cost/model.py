@@ -214,6 +214,10 @@ class Factors:
     #: weights stay cached between calls: on a 480 MiB L3 (Xeon family 6 model 167) every one of them did at bf16, and
     #: without this term ggml's bf16 SD 1.5 UNet (1.7 GB) was predicted at 0.67 of its time at 128 px. None or 100: none
     stream_weight_bandwidth_efficiency: float | None = None
+    #: the weight bytes past which a part streams them (``stream_weight_bandwidth_efficiency``): what the calibration's
+    #: ladder of weight sizes found cached between calls (``calibrate.effective_cache``), at most the cache the OS
+    #: reports; 0: the device's reported last-level cache (``DeviceSpec.cache_bytes``)
+    stream_cache_bytes: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -474,10 +478,15 @@ def largest_weights(cost: GraphCost, plain_pixels: int = 0) -> tuple[float, floa
             max([other, *moved]))
 
 
+def stream_candidate_bytes(cost: GraphCost) -> float:
+    """A part's weight bytes that a call reads in full: lookup tables apart (a Gather reads only the rows looked up)."""
+    return max(0.0, float(cost.weight_bytes) - float(getattr(cost, "table_bytes", 0.0)))
+
+
 def streamed_bytes(cost: GraphCost, cache_bytes: float) -> float:
-    """The weight bytes a call reads from memory where the CPU's last-level cache holds ``cache_bytes``: all of them
-    (lookup tables apart: a Gather reads only the rows looked up) when they do not fit, else none."""
-    weights = max(0.0, float(cost.weight_bytes) - float(getattr(cost, "table_bytes", 0.0)))
+    """The weight bytes a call reads from memory where ``cache_bytes`` of them stay cached between calls: all of
+    ``stream_candidate_bytes`` when they do not fit, else none."""
+    weights = stream_candidate_bytes(cost)
     return weights if cache_bytes and weights > cache_bytes else 0.0
 
 
@@ -486,7 +495,7 @@ def streamed_weight_bytes(cost: GraphCost, device: DeviceSpec, f: Factors) -> fl
     eff = f.stream_weight_bandwidth_efficiency
     if not eff or eff >= 100.0 or device.kind != "cpu":
         return 0.0
-    return streamed_bytes(cost, getattr(device, "cache_bytes", 0))
+    return streamed_bytes(cost, f.stream_cache_bytes or getattr(device, "cache_bytes", 0))
 
 
 def matmul_input_bytes(cost: GraphCost) -> float:
