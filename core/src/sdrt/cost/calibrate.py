@@ -783,8 +783,10 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     is converted by a node of its own: one more node (``nodes``, and ``dyn_nodes``; its traffic, a contiguous copy in
     cache, is left out: OpenVINO converted a 1024 x 320 residual stream to bf16 and back at ~150 GB/s, 26 us a block).
     ``dense_heads``: the backend copies attention's head transposes (``model.copies_heads``); elsewhere they are free.
-    ``cache_bytes``: the CPU's last-level cache (0: unknown, or a GPU): ``stream_weight_ms``, the weights again where
-    they do not fit in it (``model.streamed_bytes``), which every call reads from memory."""
+    ``cache_bytes``: the weight bytes that stay cached between calls (a calibration's ``stream_cache_bytes``, else the
+    reported last-level cache; 0: unknown, or a GPU): ``stream_weight_ms``, the weights again where they do not fit
+    (``model.streamed_bytes``), which every call reads from memory (``fit_precision`` sets it again from the measured
+    threshold, ``effective_cache``)."""
     out: dict[str, float] = {f"flops_{c}": 0.0 for c in TIME_CLASSES}
     out.update({t: 0.0 for t in TERMS}, call=1.0, fixed_ms=0.0)
     out["shape_nodes"] = 0.0 if pinned else float(getattr(cost, "dynamic_shape_nodes", 0))

@@ -209,10 +209,10 @@ class Factors:
     #: matmuls' conversions to the FLOPs and put the SDXL UNet, 640-5120 wide, at 1.31-1.46x its time. None or 100: none
     matmul_convert_bandwidth_efficiency: float | None = None
     #: calibrated on a CPU whose last-level cache is known (``DeviceSpec.cache_bytes``): the efficiency of reading
-    #: weights from memory, on top of their other terms, for a part whose weights (lookup tables apart) do not fit in
-    #: that cache, so that every call streams them (the ``mm_stream`` case, sized past the cache). The other cases'
-    #: weights stay cached between calls: on a 480 MiB L3 (Xeon family 6 model 167) every one of them did at bf16, and
-    #: without this term ggml's bf16 SD 1.5 UNet (1.7 GB) was predicted at 0.67 of its time at 128 px. None or 100: none
+    #: weights from memory, on top of their other terms, for a part whose weights (lookup tables apart) pass what stays
+    #: cached between calls (``stream_cache_bytes``), so that every call streams them (the ``mm_stream`` case, sized
+    #: past the reported cache). The other cases' weights stay cached between their calls; without this term ggml's
+    #: bf16 SD 1.5 UNet (1.7 GB) was predicted at 0.67 of its time at 128 px on a Xeon. None or 100: none
     stream_weight_bandwidth_efficiency: float | None = None
     #: the weight bytes past which a part streams them (``stream_weight_bandwidth_efficiency``): what the calibration's
     #: ladder of weight sizes found cached between calls (``calibrate.effective_cache``), at most the cache the OS
