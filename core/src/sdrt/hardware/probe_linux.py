@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 from . import parse
@@ -40,15 +41,24 @@ def gather(ctx: Context) -> dict[str, Any]:
 
 
 def _caches(ctx: Context) -> list[dict[str, str]]:
-    """Every CPU's cache levels from sysfs (``level``, ``type``, ``size``, ``shared_cpu_list`` of each index)."""
+    """The cache levels from sysfs (``level``, ``type``, ``size``, ``shared_cpu_list`` of each index): every index of
+    the first CPU, and of the others only those at its highest data or unified level (which instance each CPU shares),
+    so a 256-thread server reads one index a CPU, not four."""
     base = ctx.path(CPU_DEVICES)
-    if not base.is_dir():
+    cpus = sorted(base.glob("cpu[0-9]*"), key=lambda p: int(p.name[3:])) if base.is_dir() else []
+    if not cpus:
         return []
-    out = []
-    for cpu in sorted(base.glob("cpu[0-9]*/cache/index[0-9]*")):
-        row = {k: (ctx.read(cpu / k) or "").strip() for k in ("level", "type", "size", "shared_cpu_list")}
-        if row["level"] and row["size"]:
-            out.append(row)
+
+    def read(index: Path) -> dict[str, str]:
+        return {k: (ctx.read(index / k) or "").strip() for k in ("level", "type", "size", "shared_cpu_list")}
+
+    first = {i.name: read(i) for i in sorted((cpus[0] / "cache").glob("index[0-9]*"))}
+    data = {n: r for n, r in first.items() if r["level"].isdigit() and r["size"] and r["type"].lower() != "instruction"}
+    top = max((int(r["level"]) for r in data.values()), default=None)
+    last = [n for n, r in data.items() if int(r["level"]) == top]
+    out = list(data.values())
+    for cpu in cpus[1:]:
+        out += [r for r in (read(cpu / "cache" / n) for n in last) if r["level"] and r["size"]]
     return out
 
 
