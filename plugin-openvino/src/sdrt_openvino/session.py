@@ -372,6 +372,7 @@ class OpenVINOSession(Session):
                 self._compiled.release_memory()
             except (RuntimeError, AttributeError) as exc:  # a device or an OpenVINO without it: kept, as before
                 log.debug("release_memory not done: %s", exc)
+
     def close(self) -> None:
         with self._lock:
             self._request = None

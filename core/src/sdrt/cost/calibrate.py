@@ -48,6 +48,7 @@ from .model import (
     largest_weights,
     matmul_input_bytes,
     memory_nodes,
+    past_cache,
     stream_candidate_bytes,
     streamed_bytes,
     timed_node,
@@ -982,9 +983,8 @@ def _stream_feature(row: dict[str, Any], cache: float, bandwidth: float) -> dict
     """``row`` with its ``stream_weight_ms`` feature for weights past ``cache`` bytes (``effective_cache``)."""
     if "stream_bytes" not in row or not row.get("features"):
         return row
-    b = float(row["stream_bytes"])
-    return {**row, "features": {**row["features"], "stream_weight_ms": 1000 * b / bandwidth if cache and b > cache
-                                else 0.0}}
+    past = past_cache(float(row["stream_bytes"]), cache)
+    return {**row, "features": {**row["features"], "stream_weight_ms": 1000 * past / bandwidth}}
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:

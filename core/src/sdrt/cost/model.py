@@ -483,11 +483,15 @@ def stream_candidate_bytes(cost: GraphCost) -> float:
     return max(0.0, float(cost.weight_bytes) - float(getattr(cost, "table_bytes", 0.0)))
 
 
+def past_cache(weight_bytes: float, cache_bytes: float) -> float:
+    """Of ``weight_bytes`` read each call, those read from memory where ``cache_bytes`` stay cached between calls: all
+    of them when they do not fit (0: an unknown cache), else none."""
+    return weight_bytes if cache_bytes and weight_bytes > cache_bytes else 0.0
+
+
 def streamed_bytes(cost: GraphCost, cache_bytes: float) -> float:
-    """The weight bytes a call reads from memory where ``cache_bytes`` of them stay cached between calls: all of
-    ``stream_candidate_bytes`` when they do not fit, else none."""
-    weights = stream_candidate_bytes(cost)
-    return weights if cache_bytes and weights > cache_bytes else 0.0
+    """``past_cache`` of a part's ``stream_candidate_bytes``."""
+    return past_cache(stream_candidate_bytes(cost), cache_bytes)
 
 
 def streamed_weight_bytes(cost: GraphCost, device: DeviceSpec, f: Factors) -> float:
