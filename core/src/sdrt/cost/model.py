@@ -358,6 +358,13 @@ def tail_conversions(cost: GraphCost, precision: str, f: Factors) -> int:
     return int(getattr(cost, "tail_conversions", 0)) if f.float32_tail and precision != "fp32" else 0
 
 
+#: the floor on a fraction of the device's peak FLOP/s (a guard against a zero, not a bound on the figure): an
+#: elementwise kernel runs at a tiny fraction of a matrix unit's peak, ggml's at bf16 at 4.2e-4 of the AMX peak on a
+#: Xeon family 6 model 167 (2026-12-07), where a floor of 1e-3 predicted its float32 elementwise nodes 2.4x faster at
+#: bf16 than at fp32 and the tiny SDXL VAE decoder at 0.69 of its measured time
+MIN_FLOPS_EFFICIENCY = 1e-6
+
+
 def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, precision: str, f: Factors,
                 fused: bool = False, weight_bytes: float = 0.0, time_class: str | None = None, batch: int = 1
                 ) -> float:
@@ -373,13 +380,13 @@ def node_time_s(op_class: str, flops: float, nbytes: float, device: DeviceSpec, 
     bw = f.bandwidth_bytes_per_s or device.bandwidth_bytes_per_s
     if fused:  # an epilogue: its arithmetic at the device's peak (calibrated: at a fitted fraction of it), and,
         # calibrated, its traffic as fitted
-        t = flops / (device.peak(precision) * max(f.fused_flops_efficiency or 1.0, 1e-3))
+        t = flops / (device.peak(precision) * max(f.fused_flops_efficiency or 1.0, MIN_FLOPS_EFFICIENCY))
         if f.additive and f.fused_bandwidth_efficiency:
             return t + nbytes / (bw * f.fused_bandwidth_efficiency)
         return t
     if op_class == "attention" and f.fused_attention:
         nbytes = 0.0
-    eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), 1e-3)
+    eff = max(f.efficiency.get(tc, f.efficiency.get(op_class, 0.5)), MIN_FLOPS_EFFICIENCY)
     if f.additive:
         t = f.overhead_s.get(tc, f.overhead_s.get(op_class, 0.0)) + flops / (device.peak(precision) * eff)
         if f.weight_bandwidth_efficiency is None:  # an older calibration: one traffic term
