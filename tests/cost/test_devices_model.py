@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -159,6 +160,21 @@ def test_calibrated_time_terms_add_up():
     assert t == pytest.approx(1e-5 + 1e9 / (0.1 * cpu.peak("fp32")) + 2e8 / 5e9 + 1e8 / 2.5e9)
     cost = GraphCost("g", "fp32", [NodeCost("a", "Conv", "conv", 1e9, 3e8, 0.0, 1e8, kind="dwconv")], 1e8, 1e7, 0.0)
     assert predict(cost, cpu, "openvino", "fp32", f).ms == pytest.approx(1000 * (t + 2e-4))
+
+
+def test_an_efficiency_far_below_the_peak_is_taken_as_fitted():
+    """A float32 elementwise kernel measured against a matrix unit's peak runs at a tiny fraction of it (ggml's at
+    bf16: 4.2e-4 of the AMX peak): the node's time is its FLOPs at that fraction, as the fit that found it counts
+    them, so at bf16 it takes what it takes at fp32 when the two fractions are in the peaks' ratio."""
+    cpu = dataclasses.replace(devices.find("cpu"), peak_flops={"fp32": 3.3e11, "bf16": 5.3e12})  # AVX-512 and AMX
+    ratio = cpu.peak("bf16") / cpu.peak("fp32")
+    f32 = Factors({"elementwise": 6.7e-3}, {}, additive=True, bandwidth_bytes_per_s=1e10, bandwidth_efficiency=100.0)
+    f16 = Factors({"elementwise": 6.7e-3 / ratio}, {}, additive=True, bandwidth_bytes_per_s=1e10,
+                  bandwidth_efficiency=100.0)
+    t32 = node_time_s("elementwise", 1e6, 8e6, cpu, "fp32", f32)
+    t16 = node_time_s("elementwise", 1e6, 8e6, cpu, "bf16", f16)
+    assert t32 == pytest.approx(1e6 / (6.7e-3 * cpu.peak("fp32")) + 8e6 / 1e12)
+    assert t16 == pytest.approx(t32, rel=1e-3)
 
 
 def test_calibration_cases_build_and_cover_the_classes():
