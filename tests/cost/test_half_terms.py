@@ -19,6 +19,7 @@ from sdrt.cost.calibrate import (
     _fit_times,
     _phase_columns,
     float32_activations,
+    half_held_memory,
     held_terms,
 )
 from sdrt.cost.model import HALF_COPY_CHUNK_BYTES, Factors, activation_scale, memory_phases, node_time_s, predict
@@ -146,6 +147,39 @@ def test_fit_recovers_the_inflight_factor():
     assert got["dynamic_compile_inflight_factor"] == pytest.approx(0.8, rel=1e-6)
     assert got["dynamic_compile_weight_factor"] == pytest.approx(1.0, rel=1e-6)
     assert got["compile_weight_factor"] == pytest.approx(2.5, rel=1e-6)
+
+
+def test_half_precision_memory_fit_holds_the_float32_activation_factor():
+    """Static cases whose run peaks come from known factors (1.25 bytes held per live activation byte): fitted with the
+    activation factor held at its value, the run phase's other factors come back and the held one is kept as it is;
+    ``half_held_memory`` holds the float32 calibration's factor at a half precision only."""
+    rng = np.random.default_rng(11)
+    base = 120 * MIB
+    true = {t: 0.0 for t in COMPILE_TERMS + RUN_TERMS}
+    true.update(compile_weight_factor=2.0, weight_factor=1.0, activation_factor=1.25, output_factor=3.0,
+                compile_input_factor=1.0)
+    zero = {"weight_bytes": 0.0, "activation_bytes": 0.0, "rss_before": 70 * MIB, "mem_nodes": 1}
+    rows = [{"case": "call", **zero, "peak_bytes": 10 * MIB, "peak_rss": base, "compile_peak_rss": base,
+             "run_peak_rss": base}]
+    for i in range(10):
+        act = float(rng.uniform(2, 60)) * MIB
+        r = {"case": f"c{i}", "weight_bytes": float(rng.uniform(4, 60)) * MIB, "activation_bytes": act,
+             "input_bytes": MIB, "output_bytes": act * float(rng.uniform(0.2, 0.9)), "mem_nodes": 1,
+             "rss_before": 70 * MIB}
+        cols = _phase_columns(r)
+        r["compile_peak_rss"] = base + sum(true[t] * cols[t] for t in COMPILE_TERMS)
+        r["run_peak_rss"] = base + sum(true[t] * cols[t] for t in RUN_TERMS)
+        r["peak_rss"] = max(r["compile_peak_rss"], r["run_peak_rss"])
+        r["peak_bytes"] = r["peak_rss"] - 70 * MIB
+        rows.append(r)
+    got = _fit_memory(rows, held={"activation_factor": 1.25})
+    assert got["activation_factor"] == 1.25
+    assert got["output_factor"] == pytest.approx(3.0, rel=1e-6)
+    assert got["weight_factor"] == pytest.approx(1.0, rel=1e-6)
+    ref = Factors({}, {}, activation_factor=1.13, calibrated=True)
+    assert half_held_memory("bf16", ref) == {"activation_factor": 1.13}
+    assert half_held_memory("fp32", ref) == {} and half_held_memory("bf16", None) == {}
+    assert half_held_memory("bf16", Factors({}, {}, activation_factor=1.13)) == {}  # the defaults: nothing to hold
 
 
 def test_half_precision_time_fit_holds_the_float32_kernels_terms():

@@ -972,7 +972,7 @@ def fit_precision(rows: list[dict[str, Any]], bandwidth: float, backend: str, pr
     cache = effective_cache(rows, max((float(r.get("cache_bytes") or 0.0) for r in rows), default=0.0))
     rows = [_stream_feature(r, cache, bandwidth) for r in rows if r["case"].removeprefix("cal_") not in LADDER_CASES]
     f = fit(rows, bandwidth, backend, float32_activations=act32, held=half_held(backend, precision, device, reference),
-            tail32=float32_tail(backend, precision))
+            tail32=float32_tail(backend, precision), held_memory=half_held_memory(precision, reference))
     gpu = device.kind != "cpu"
     return dataclasses.replace(f, host_transfers=gpu, im2col_memory_factor=1.0 if gpu and backend in IM2COL_GPU_BACKENDS
                                else 0.0, plain_conv_pixels=plain_pixels,
@@ -1050,6 +1050,18 @@ def half_held(backend: str, precision: str, device: DeviceSpec, reference: Facto
     return held
 
 
+def half_held_memory(precision: str, reference: Factors | None) -> dict[str, float]:
+    """The memory factors a half-precision fit holds at the float32 calibration's (``reference``): the activations'
+    (``Factors.activation_factor``, bytes held per byte of live activations at the precision), which is the runtime's
+    memory plan and not the element's size. Fitted afresh at bf16, OpenVINO's came out at 0.79 against float32's 1.13,
+    traded against the outputs' factor on cases whose outputs are as large as their activations, and the SDXL VAE
+    decoder at 768 px was predicted at 0.76 of its peak (1.24 bytes held per live byte at both precisions, Xeon family
+    6 model 167, 2026-12-07); held, 0.95. {} at fp32 or without a reference."""
+    if precision == "fp32" or reference is None or not reference.calibrated:
+        return {}
+    return {"activation_factor": float(reference.activation_factor)}
+
+
 def half_attention(backend: str, precision: str, device: DeviceSpec) -> bool:
     """Whether ``backend`` runs attention at ``precision`` in its own half-precision kernel on ``device``
     (``HALF_ATTENTION``)."""
@@ -1077,7 +1089,8 @@ def _inv(c: float | None) -> float:
 SMALL = 4 * 2**20
 
 
-def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, float]:
+def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True, held: dict[str, float] | None = None
+                ) -> dict[str, float]:
     """``peak = weight_factor x weights + conv_weight_factor x conv kernels + table_factor x lookup tables
     + transient factors x the largest conv kernel and the largest other weight + activation_factor x activations
     + node_bytes x nodes + base``. The runtime's base is the whole process's peak (VmHWM) on the ``runtime`` case
@@ -1085,7 +1098,9 @@ def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, 
     the bytes per node from the tiny cases (``nodes`` against ``call``); over what the one-kind ``call`` case
     held (each case loads one or two kinds of op, not all): the activation factor from the weight-free cases
     without attention, then the weight factors a non-negative fit, on bytes, of the cases with a MiB of weights.
-    Returns the factors by name (``base`` and ``imports``: bytes of the whole process)."""
+    ``held``: factors taken as they are (``half_held_memory``: the activation factor). Returns the factors by name
+    (``base`` and ``imports``: bytes of the whole process)."""
+    held = held or {}
     by = {str(r.get("case", "")).removeprefix("cal_"): r for r in rows}
     small = [r for r in rows if r["weight_bytes"] + r["activation_bytes"] < SMALL]
     one = by.get("call") or (min(small, key=lambda r: r["peak_bytes"]) if small else None)
@@ -1108,8 +1123,8 @@ def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, 
     # never take the memory that liveness counts for them), a line through the origin in bytes
     act = [r for r in rows if r["weight_bytes"] < 0.01 * r["activation_bytes"] and r["activation_bytes"] >= SMALL
            and not r.get("attention")]
-    af = None
-    if act:
+    af = held.get("activation_factor")
+    if act and af is None:
         av = np.array([float(r["activation_bytes"]) for r in act])
         ay = np.array([float(r["peak_bytes"]) - base_fit for r in act])
         af = max(float(av @ ay / (av @ av)), 0.0)
@@ -1140,7 +1155,7 @@ def _fit_memory(rows: list[dict[str, Any]], relayout: bool = True) -> dict[str, 
     if not a[:, 2].any():
         out["table_factor"] = out["weight_factor"]
     if all(r.get("run_peak_rss") and r.get("compile_peak_rss") for r in rows) and one is not None:
-        out.update(_fit_phases(rows, one, many, per_node, relayout))
+        out.update(_fit_phases(rows, one, many, per_node, relayout, held))
     return out
 
 
@@ -1207,13 +1222,15 @@ def _phase_columns(r: dict[str, Any]) -> dict[str, float]:
 
 
 def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str, Any] | None,
-                per_node: float, relayout: bool = True) -> dict[str, float]:
+                per_node: float, relayout: bool = True, held: dict[str, float] | None = None) -> dict[str, float]:
     """The two phases' memory factors (``Factors.compile_weight_factor`` ...), where the child reset its peak
     after compiling: the compile phase's peak over the one-node case's, a non-negative fit in bytes over the
     static cases of the weights (conv kernels, tables apart), the largest kernel and other weight (in flight
     while one is transformed) and the inputs and outputs; the run phase's likewise of the weights as held and
     the activations; then, on the cases compiled with dynamic dims and a MiB of weights, the weights' and
-    conv kernels' factors of each phase for a dynamic graph (the static fit's other terms taken as they are)."""
+    conv kernels' factors of each phase for a dynamic graph (the static fit's other terms taken as they are). ``held``:
+    run-phase factors taken as they are (their terms subtracted first)."""
+    held = held or {}
     out: dict[str, float] = {}
     static = [r for r in rows if not r.get("dynamic") and r is not many]
     one_nodes = float(one.get("mem_nodes", 1))
@@ -1223,12 +1240,15 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
                          for r in rs])
 
     for terms, key in ((COMPILE_TERMS, "compile_peak_rss"), (RUN_TERMS, "run_peak_rss")):
+        kept = {t: held[t] for t in terms if t in held}
+        terms = tuple(t for t in terms if t not in kept)
         a = np.array([[_phase_columns(r)[t] for t in terms] for r in static])
+        y = target(static, key) - np.array([sum(v * _phase_columns(r)[t] for t, v in kept.items()) for r in static])
         keep = [i for i in range(a.shape[1]) if a[:, i].any()]
         x = np.zeros(a.shape[1])
         if keep:
-            x[keep] = _nnls(a[:, keep], target(static, key))
-        out.update({t: float(v) for t, v in zip(terms, x)})
+            x[keep] = _nnls(a[:, keep], y)
+        out.update({t: float(v) for t, v in zip(terms, x)}, **kept)
     dyn = [r for r in rows if r.get("dynamic") and r["weight_bytes"] >= SMALL / 4]
     for terms, key, name in ((COMPILE_TERMS, "compile_peak_rss", "dynamic_compile"),
                              (RUN_TERMS, "run_peak_rss", "dynamic_run")):
@@ -1262,11 +1282,13 @@ def _fit_phases(rows: list[dict[str, Any]], one: dict[str, Any], many: dict[str,
 
 
 def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_activations: bool = False,
-        held: dict[str, float] | None = None, tail32: bool = False) -> Factors:
+        held: dict[str, float] | None = None, tail32: bool = False, held_memory: dict[str, float] | None = None
+        ) -> Factors:
     """The factors from the calibration measurements (``_fit_times``, ``_fit_memory``); ``float32_activations``:
     the rows' activation features count float32 activations at a half precision (``Factors.float32_activations``);
     ``held``: time coefficients taken as they are (``held_terms``); ``tail32``: the rows' activations hold the
-    graph's tail float32 (``Factors.float32_tail``)."""
+    graph's tail float32 (``Factors.float32_tail``); ``held_memory``: memory factors taken as they are
+    (``half_held_memory``)."""
     c = _fit_times(rows, held)
     # a narrow matmul or large conv no case measured (rows without the class) takes its op class's efficiency
     # (``predict``'s fallback)
@@ -1279,7 +1301,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
     base = dict(over)  # attention's matmuls and softmax: a fused attention's fixed cost on top of their class's
     for k in ("attention", "softmax"):
         over[k] = base.get(k, base.get("attention", 0.0)) + c.get("attn_nodes", 0.0) / 1000.0
-    mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS)
+    mem = _fit_memory(rows, relayout=backend in RELAYOUT_BACKENDS, held=held_memory)
     fused = c.get("fused_ms", 0.0)
     # what pinning a part's shapes first adds (the one-node case measured again pinned, where the calibration did)
     call = next((r for r in rows if r.get("case") == "cal_call" and r.get("pinned_peak_rss")), None)
