@@ -184,21 +184,22 @@ def test_calibration_cases_build_and_cover_the_classes():
 
     seen: dict[str, float] = {}
     gpu: dict[str, float] = {}  # a device with memory of its own: per-class node counts and the host transfers
-    convert = 0.0  # float32 activations into half matmuls (a backend that keeps them float32 at bf16)
+    convert = half = 0.0  # float32 activations into half matmuls and convs (a backend that keeps them float32 at bf16)
     cache = 16 * 2**20  # a last-level cache: the sized case's weights are twice it
     for case in CASES:
         model, feeds = build_case(case, stream_count(cache, "fp32") if case in SIZED_CASES else None)
         cost = graph_costs(Graph.load(model.SerializeToString()), {k: v.shape for k, v in feeds.items()})
         for k, v in features(cost, 1e11, 1e10, cache_bytes=cache).items():
             seen[k] = seen.get(k, 0.0) + v
-        convert += features(cost, 1e11, 1e10, act_scale=2.0)["matmul_convert_ms"]
+        f32 = features(cost, 1e11, 1e10, act_scale=2.0)
+        convert, half = convert + f32["matmul_convert_ms"], half + f32["half_convs"]
         for k, v in features(cost, 1e11, 1e10, transfers=True).items():
             gpu[k] = gpu.get(k, 0.0) + v
     per_class = [k for k in seen if k.startswith("nodes_")] + ["im2col_ms"]
     assert all(seen[k] == 0 < gpu[k] for k in per_class), gpu  # each class's nodes and im2col's traffic: on a GPU
     assert all(seen[k] > 0 for k in seen if k not in ("fixed_ms", "flops_data", "io_ms", "matmul_convert_ms",
-                                                      *per_class)), seen  # data nodes: no FLOPs
-    assert seen["matmul_convert_ms"] == 0 < convert
+                                                      "half_convs", *per_class)), seen  # data nodes: no FLOPs
+    assert seen["matmul_convert_ms"] == 0 < convert and seen["half_convs"] == 0 < half
     assert seen["io_ms"] == 0 < gpu["io_ms"]  # fp32 converts nothing on a CPU; a GPU copies the inputs and outputs
 
 

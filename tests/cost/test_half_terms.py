@@ -362,3 +362,48 @@ def test_float32_activations_into_half_matmuls_are_a_term_of_their_own():
     assert by["matmul_convert"] == pytest.approx(1000 * 2048 * 1280 * 4 / (bw * 0.5))
     assert "matmul_convert" not in predict(wide, cpu, "ggml", "bf16", Factors({"matmul": 0.25}, {}, additive=True,
                                                                            bandwidth_bytes_per_s=bw)).by_class_ms
+
+
+def test_half_convs_over_float32_activations_have_a_fixed_cost_each():
+    """sdrt-ggml's bf16 convs pack and convert their columns every call (native/conv.c, conv_unit_bf16), which costs
+    a conv of few channels more than its FLOPs: ``half_convs`` counts the dense convs (1x1 included, depthwise not) of
+    a part on a backend that keeps activations float32 at a half precision; fitted from cases with 1 and 40 convs it is
+    told apart from the FLOPs (a node's own fixed cost held at float32's, as ``half_held`` holds it), and predicted
+    per conv. At float32, or without the calibrated figure, there is none."""
+    from sdrt.cost.calibrate import features, fit
+    from sdrt.cost.model import half_convs
+
+    def convs(count, c, hw, k=3, group=1):
+        nodes, prev, inits = [], "x", []
+        for i in range(count):
+            inits.append(numpy_helper.from_array(np.zeros((c, c // group, k, k), np.float32), f"w{i}"))
+            nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"y{i}"], pads=[k // 2] * 4, group=group))
+            prev = f"y{i}"
+        g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], inits)
+        m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])
+        m.ir_version = 8
+        return graph_costs(Graph.load(m.SerializeToString()), precision="bf16")
+
+    assert half_convs(convs(3, 32, 16)) == 3 and half_convs(convs(2, 32, 16, k=1)) == 2
+    assert half_convs(convs(2, 32, 16, group=32)) == 0  # depthwise: a float32 kernel
+    cpu = devices.find("cpu")
+    peak, bw = cpu.peak("bf16"), 1e10
+    assert features(convs(3, 32, 16), peak, bw)["half_convs"] == 0.0  # activations bf16: no half kernels over float32
+    rows = []
+    mem = {"weight_bytes": 0.0, "activation_bytes": 0.0, "peak_bytes": 0.0, "peak_rss": 1.0}
+    for i, (n, c, hw) in enumerate([(1, 320, 32), (3, 640, 16), (40, 128, 16), (1, 128, 64), (4, 64, 56)]):
+        feats = features(convs(n, c, hw), peak, bw, act_scale=2.0)
+        assert feats["half_convs"] == n
+        ms = feats["flops_conv"] / 0.3 + 0.03 * feats["half_convs"] + 0.01
+        rows.append({"case": f"c{i}", "features": feats, "robust_ms": ms, **mem})
+    got = fit(rows, bw, "ggml", float32_activations=True, held={"nodes": 0.0})  # a node's cost: float32's (none here)
+    assert got.half_conv_node_s == pytest.approx(3e-5, rel=1e-4)
+    assert got.efficiency["conv"] == pytest.approx(0.3, rel=1e-4)
+    part = convs(47, 64, 28, k=1)
+    f = Factors({"conv": 0.3}, {}, additive=True, bandwidth_bytes_per_s=bw, float32_activations=True,
+                half_conv_node_s=3e-5, weight_bandwidth_efficiency=100.0, bandwidth_efficiency=100.0)
+    assert predict(part, cpu, "ggml", "bf16", f).by_class_ms["half_conv"] == pytest.approx(47 * 0.03)
+    assert "half_conv" not in predict(part, cpu, "ggml", "fp32", f).by_class_ms
+    assert "half_conv" not in predict(part, cpu, "openvino", "bf16", Factors({"conv": 0.3}, {}, additive=True,
+                                                                          bandwidth_bytes_per_s=bw)).by_class_ms

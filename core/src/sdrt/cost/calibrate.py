@@ -44,6 +44,7 @@ from .model import (
     activation_scale,
     conv_weight_bytes,
     copies_heads,
+    half_convs,
     inflight_bytes,
     largest_weights,
     matmul_input_bytes,
@@ -755,7 +756,7 @@ TERMS = ("act_ms", "attn_act_ms", "conv_act_ms", "data_ms", "relayout_ms", "rela
 #: ``transfers``): a GPU runtime launches kernels per node, as many as the op class takes (ggml on CUDA: a conv is an
 #: im2col, a matmul and a bias add; a transpose a copy), where a CPU runtime's fixed cost per node is one figure
 NODE_CLASSES = ("matmul", "conv", "attention", "norm", "elementwise", "data")
-TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES) + ("im2col_ms", "matmul_convert_ms")
+TERMS += tuple(f"nodes_{c}" for c in NODE_CLASSES) + ("im2col_ms", "matmul_convert_ms", "half_convs")
 #: backends that convolve through im2col on a GPU (ggml: ``ggml_conv_2d``), whose buffer the GPU holds beside the
 #: activations (``Factors.im2col_memory_factor``)
 IM2COL_GPU_BACKENDS = frozenset({"ggml"})
@@ -822,6 +823,7 @@ def features(cost: Any, peak: float, bandwidth: float, pinned: bool = False, act
     out["stream_weight_ms"] = 1000 * streamed_bytes(cost, cache_bytes) / bandwidth
     if act_scale != 1.0:  # float32 activations into half matmuls
         out["matmul_convert_ms"] = 1000 * act_scale * matmul_input_bytes(cost) / bandwidth
+        out["half_convs"] = float(half_convs(cost))  # ... and half convs' fixed cost
     if tail32 and getattr(cost, "precision", "fp32") != "fp32" and getattr(cost, "tail_conversions", 0):
         out["nodes"] += cost.tail_conversions
     out["relayout_ms"] = 1000 * act_scale * getattr(cost, "relayout_bytes", 0.0) / bandwidth
@@ -1326,6 +1328,7 @@ def fit(rows: list[dict[str, Any]], bandwidth: float, backend: str, float32_acti
                    fused_bandwidth_efficiency=1.0 / fused if fused > 1e-9 else 0.0,
                    fused_flops_efficiency=_inv(c.get("fused_flops_ms")),
                    matmul_convert_bandwidth_efficiency=_inv(c.get("matmul_convert_ms")),
+                   half_conv_node_s=c.get("half_convs", 0.0) / 1000.0,
                    stream_weight_bandwidth_efficiency=_inv(c["stream_weight_ms"]) if "stream_weight_ms" in c else None,
                    call_s=c.get("call", 0.0) / 1000.0, attention_row_s=c.get("attn_rows", 0.0) / 1000.0, shape_node_s=c.get("shape_nodes", 0.0) / 1000.0,
                    dynamic_node_s=c.get("dyn_nodes", 0.0) / 1000.0, float32_activations=float32_activations,

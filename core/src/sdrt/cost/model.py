@@ -45,6 +45,8 @@ TIME_CLASSES = ("matmul", "matmul_narrow", "conv", "conv_large", "conv1x1", "dwc
 OPTIONAL_CLASSES = ("matmul_narrow", "conv_large")
 #: the timing classes of dense convs wider than 1x1: kernels read per image, kept transformed or repacked
 DENSE_CONVS = ("conv", "conv_large")
+#: the conv time classes a half precision runs in half kernels on a backend that keeps activations float32
+HALF_CONVS = (*DENSE_CONVS, "conv1x1")
 
 
 @dataclass
@@ -208,6 +210,8 @@ class Factors:
     #: conversion is per input element, not per FLOP, so a fit without it charged the 320-640-wide calibration
     #: matmuls' conversions to the FLOPs and put the SDXL UNet, 640-5120 wide, at 1.31-1.46x its time. None or 100: none
     matmul_convert_bandwidth_efficiency: float | None = None
+    #: calibrated, likewise: a half-precision dense conv's fixed cost a call, on top of a node's (``half_convs``)
+    half_conv_node_s: float = 0.0
     #: calibrated on a CPU whose last-level cache is known (``DeviceSpec.cache_bytes``): the efficiency of reading
     #: weights from memory, on top of their other terms, for a part whose weights (lookup tables apart) pass what stays
     #: cached between calls (``stream_cache_bytes``), so that every call streams them (the ``mm_stream`` case, sized
@@ -509,6 +513,12 @@ def streamed_weight_bytes(cost: GraphCost, device: DeviceSpec, f: Factors) -> fl
     return streamed_bytes(cost, f.stream_cache_bytes or getattr(device, "cache_bytes", 0))
 
 
+def half_convs(cost: GraphCost) -> int:
+    """A part's dense convs (depthwise apart): each a half-precision kernel's fixed cost a call on a backend that
+    keeps activations float32 (``Factors.half_conv_node_s``)."""
+    return sum(1 for n in cost.nodes if n.op_class == "conv" and not n.fused and n.time_class in HALF_CONVS)
+
+
 def matmul_input_bytes(cost: GraphCost) -> float:
     """The activation bytes that a part's weight matmuls read (as its nodes count them): what a backend that keeps
     activations float32 at a half precision converts to the half type per call (``matmul_convert_ms``)."""
@@ -542,6 +552,8 @@ def predict(cost: GraphCost, device: DeviceSpec, backend: str, precision: str, f
     convert_eff = f.matmul_convert_bandwidth_efficiency
     if convert_eff and convert_eff < 100.0 and scale != 1.0:  # float32 activations into half matmuls
         by["matmul_convert"] = scale * matmul_input_bytes(cost) / (bw * convert_eff)
+    if f.half_conv_node_s and scale != 1.0:  # half convs over float32 activations: a fixed cost each
+        by["half_conv"] = f.half_conv_node_s * half_convs(cost)
     io_eff = f.io_bandwidth_efficiency
     if io_eff and io_eff < 100.0 and (precision != "fp32" or f.host_transfers):
         by["io"] = getattr(cost, "io_bytes", 0.0) / (bw * io_eff)
