@@ -366,17 +366,18 @@ def test_float32_activations_into_half_matmuls_are_a_term_of_their_own():
 
 def test_half_convs_over_float32_activations_have_a_fixed_cost_each():
     """sdrt-ggml's bf16 convs pack and convert their columns every call (native/conv.c, conv_unit_bf16), which costs
-    a conv of few channels more than its FLOPs: ``half_convs`` counts the dense convs (1x1 included, depthwise not) of
-    a part on a backend that keeps activations float32 at a half precision; fitted from cases with 1 and 40 convs it is
-    told apart from the FLOPs (a node's own fixed cost held at float32's, as ``half_held`` holds it), and predicted
-    per conv. At float32, or without the calibrated figure, there is none."""
+    a conv of few channels more than its FLOPs: ``half_convs`` counts the dense convs (1x1 included; neither
+    depthwise ones nor those of under 16 output channels, which ggml keeps float32) of a part on a backend that keeps
+    activations float32 at a half precision; fitted from cases with 1 and 40 convs it is told apart from the FLOPs
+    (a node's own fixed cost held at float32's, as ``half_held`` holds it), and predicted per conv. At float32, or without the calibrated figure, there is none."""
     from sdrt.cost.calibrate import features, fit
     from sdrt.cost.model import half_convs
 
-    def convs(count, c, hw, k=3, group=1):
+    def convs(count, c, hw, k=3, group=1, last=None):
         nodes, prev, inits = [], "x", []
         for i in range(count):
-            inits.append(numpy_helper.from_array(np.zeros((c, c // group, k, k), np.float32), f"w{i}"))
+            oc = last if last and i == count - 1 else c
+            inits.append(numpy_helper.from_array(np.zeros((oc, c // group, k, k), np.float32), f"w{i}"))
             nodes.append(helper.make_node("Conv", [prev, f"w{i}"], [f"y{i}"], pads=[k // 2] * 4, group=group))
             prev = f"y{i}"
         g = helper.make_graph(nodes, "t", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, c, hw, hw])],
@@ -387,6 +388,8 @@ def test_half_convs_over_float32_activations_have_a_fixed_cost_each():
 
     assert half_convs(convs(3, 32, 16)) == 3 and half_convs(convs(2, 32, 16, k=1)) == 2
     assert half_convs(convs(2, 32, 16, group=32)) == 0  # depthwise: a float32 kernel
+    # a last conv to 3 channels (a VAE decoder's conv_out) stays float32 (ggml's BF16_MIN_OC); 16 do not
+    assert half_convs(convs(3, 32, 16, last=3)) == 2 and half_convs(convs(3, 32, 16, last=16)) == 3
     cpu = devices.find("cpu")
     peak, bw = cpu.peak("bf16"), 1e10
     assert features(convs(3, 32, 16), peak, bw)["half_convs"] == 0.0  # activations bf16: no half kernels over float32

@@ -513,10 +513,18 @@ def streamed_weight_bytes(cost: GraphCost, device: DeviceSpec, f: Factors) -> fl
     return streamed_bytes(cost, f.stream_cache_bytes or getattr(device, "cache_bytes", 0))
 
 
+#: output channels below which a dense conv stays float32 at a half precision on a backend that keeps activations
+#: float32: sdrt-ggml's ``conv_kernels.BF16_MIN_OC`` (under one 16-row tile, packing the columns costs more than the
+#: bf16 products save), such as a VAE decoder's last conv to 3 channels
+HALF_CONV_MIN_CHANNELS = 16
+
+
 def half_convs(cost: GraphCost) -> int:
-    """A part's dense convs (depthwise apart): each a half-precision kernel's fixed cost a call on a backend that
-    keeps activations float32 (``Factors.half_conv_node_s``)."""
-    return sum(1 for n in cost.nodes if n.op_class == "conv" and not n.fused and n.time_class in HALF_CONVS)
+    """A part's dense convs (depthwise apart) of at least ``HALF_CONV_MIN_CHANNELS`` outputs (a conv whose channels
+    the costs do not know counts): each a half-precision kernel's fixed cost a call on a backend that keeps
+    activations float32 (``Factors.half_conv_node_s``)."""
+    return sum(1 for n in cost.nodes if n.op_class == "conv" and not n.fused and n.time_class in HALF_CONVS
+               and not 0 < getattr(n, "channels", 0) < HALF_CONV_MIN_CHANNELS)
 
 
 def matmul_input_bytes(cost: GraphCost) -> float:

@@ -116,6 +116,9 @@ class NodeCost:
     #: a conv's output pixels an image (Ho x Wo; 0 for other nodes): a runtime may route a conv on a small map so
     #: that its kernel is held as stored rather than transformed (``Factors.plain_conv_pixels``)
     pixels: int = 0
+    #: a conv's output channels (0 for other nodes): a backend may keep a conv of few channels at float32 where it
+    #: runs the others at a half precision (``model.half_convs``)
+    channels: int = 0
 
     @property
     def timed_flops(self) -> float:
@@ -393,7 +396,8 @@ def graph_costs(graph: Graph, shapes: Mapping[str, Sequence[int] | int] | None =
                               w_read, fused, kind, batch, kernel, rows, float(im2col),
                               head=op == "Transpose" and bool(n.output) and n.output[0] in heads,
                               pixels=_prod(out_shapes[0][2:]) if cls == "conv" and out_shapes and len(out_shapes[0]) > 2
-                              else 0))
+                              else 0,
+                              channels=int(w_shape[0]) if cls == "conv" and w_shape and w_shape[0] else 0))
     sizes = {name: _prod(s) * weight_elem.get(name, act) for name, s in inits.items()}
     weight_bytes = sum(sizes.values())
     tables: set[str] = set()
