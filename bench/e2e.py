@@ -117,7 +117,7 @@ def warm_images(gen: Any, stamps: list[float], n: int) -> tuple[float, float, li
 def first_and_warm(name: str, size: int, gen: Any, stamps: list[float], warm: int, pick: Any = lambda r: r
                    ) -> dict[str, Any]:
     """Time the first image and the warm ones (``warm_images``); the first, as ``pick`` takes it from what ``gen``
-    returns, is saved for ``--psnr`` under ``name``."""
+    returns, is saved under ``name`` (``save_image``)."""
     t0 = time.perf_counter()
     first = pick(gen())
     first_s = time.perf_counter() - t0
@@ -127,7 +127,8 @@ def first_and_warm(name: str, size: int, gen: Any, stamps: list[float], warm: in
 
 
 def save_image(name: str, size: int, image: Any) -> None:
-    """Each contender's first image, for the PSNR of one precision against another (``--psnr``)."""
+    """Each contender's first image as ``IMAGES/<name>-<size>.npy`` (uint8, H x W x 3), for the PSNR of one precision
+    against another by hand; ``bench.precision_quality`` makes the image-quality table itself."""
     import numpy as np
 
     IMAGES.mkdir(exist_ok=True)
@@ -491,9 +492,11 @@ def main(argv: list[str] | None = None) -> int:
             if name.startswith("sdrt") and (cache / name).is_dir():  # the compile cache after this round, in GiB
                 out["cache_gib"] = sum(p.stat().st_size for p in (cache / name).rglob("*") if p.is_file()) / 2**30
             results[name].append(out)
-            print(f"round {r} {name}: " + (", ".join(f"{k} {v:.1f}" for k, v in out.items()
-                                                     if isinstance(v, float)) if "error" not in out
-                                          else f"error {out['error']}"), flush=True)
+            shown = [f"{k} {v:.1f}" for k, v in out.items() if isinstance(v, float)]
+            if isinstance(out.get("peak_rss"), int):  # a run stopped early keeps its memory figure in the log too
+                shown.append(f"peak_rss {out['peak_rss'] / 2**30:.2f} GiB")
+            print(f"round {r} {name}: " + (", ".join(shown) if "error" not in out else f"error {out['error']}"),
+                  flush=True)
     import shutil
 
     shutil.rmtree(cache, ignore_errors=True)  # compiled blobs: gigabytes per contender
