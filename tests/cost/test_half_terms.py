@@ -369,7 +369,8 @@ def test_half_convs_over_float32_activations_have_a_fixed_cost_each():
     a conv of few channels more than its FLOPs: ``half_convs`` counts the dense convs (1x1 included; neither
     depthwise ones nor those of under 16 output channels, which ggml keeps float32) of a part on a backend that keeps
     activations float32 at a half precision; fitted from cases with 1 and 40 convs it is told apart from the FLOPs
-    (a node's own fixed cost held at float32's, as ``half_held`` holds it), and predicted per conv. At float32, or without the calibrated figure, there is none."""
+    (a node's own fixed cost held at float32's, as ``half_held`` holds it), and predicted per conv. At float32, or
+    without the calibrated figure, there is none."""
     from sdrt.cost.calibrate import features, fit
     from sdrt.cost.model import half_convs
 
