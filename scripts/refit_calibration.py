@@ -32,6 +32,7 @@ def main(argv=None) -> int:
         case_row,
         fit_precision,
         float32_tail,
+        measured_args,
         parse_report_key,
     )
     from sdrt.cost.devices import find, this_cpu
@@ -63,7 +64,7 @@ def main(argv=None) -> int:
             rows = []
             for r in measured[key]:
                 _name, _path, _feeds, cost = case_cost(r["case"].removeprefix("cal_"), Path(tmp), precision,
-                                                       r.get("count"))  # a sized case's, as it was measured
+                                                       r.get("count"), measured_args(r))  # as it was measured
                 pinned = r.get("pinned", bool(cost.dynamic) and not r.get("dynamic"))
                 rows.append(case_row(r["case"], cost, r, peak=dev.peak(precision), bandwidth=bw, pinned=pinned,
                                      scale=scale, tail=float32_tail(backend, precision), transfers=kind != "cpu",

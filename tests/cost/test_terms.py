@@ -282,3 +282,21 @@ def test_a_conv_past_the_cache_is_timed_as_large():
     assert t_large - t_old == pytest.approx(flops_ms * (1 / 0.4 - 1 / 0.8), rel=1e-6)
     assert "conv_large" in _fitted_classes(big)
     assert "conv_large" not in _fitted_classes(graph_costs(_conv(512, 32)))
+
+
+def test_node_cases_run_over_a_text_encoders_rows_and_old_reports_refit_as_measured(tmp_path):
+    """The per-node cases are 32 x 32 matmuls over 77 rows (a text encoder's tokens: a node a runtime splits over its
+    threads; over 8 rows OpenVINO ran each on one thread at a third of the cost), and a stored measurement refits with
+    the case it measured: its recorded ``args``, else, for a report from before they were recorded, 8 rows."""
+    from sdrt.cost.calibrate import case_cost, measured_args
+
+    _, _, feeds, now = case_cost("nodes", tmp_path, "fp32")
+    assert feeds["x"].shape == (1, 77, 32) and sum(n.op == "MatMul" for n in now.nodes) == 400
+    old_args = measured_args({"case": "cal_nodes"})
+    assert old_args == (400, 8)
+    _, _, old_feeds, old = case_cost("nodes", tmp_path, "fp32", args=old_args)
+    assert old_feeds["x"].shape == (1, 8, 32) and old.flops == pytest.approx(now.flops * 8 / 77)
+    assert measured_args({"case": "cal_nodes", "args": [400, 77]}) == (400, 77)
+    assert measured_args({"case": "cal_conv3_320x32"}) is None  # unchanged cases build as CASE_SPECS has them
+    _, _, dyn_feeds, _ = case_cost("nodes_dyn", tmp_path, "fp32", args=measured_args({"case": "cal_nodes_dyn"}))
+    assert dyn_feeds["x"].shape == (1, 8, 32)

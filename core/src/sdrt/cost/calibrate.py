@@ -104,9 +104,12 @@ class _Chain:
 CASE_SPECS: dict[str, tuple[str, tuple[Any, ...]]] = {
     "call": ("add", (16,)),                          # one tiny node: the fixed cost of a call
     "runtime": ("runtime", (32, 8)),                 # one tiny node of every kind: the runtime's base memory
-    "nodes": ("tiny_matmuls", (400,)),               # many tiny nodes: the fixed cost (time, memory) of a node
-    "node1": ("tiny_matmuls", (1,)),                 # memory: one of them (what its op kind's code takes, apart)
-    "nodes_dyn": ("tiny_matmuls", (100,)),           # ... in a graph whose dims stay dynamic (tokens)
+    "nodes": ("tiny_matmuls", (400, 77)),            # many tiny nodes: the fixed cost (time, memory) of a node, at a
+    # text encoder's 77 rows: a runtime splits a node that large over its threads and pays their fork and join, where
+    # it runs a node of 8 rows on one (OpenVINO's CPU plugin: 1.0 us a node at 8-32 rows, 3.4 at 77, bf16; fitted on
+    # 8 rows, the tiny SDXL text encoders, 64 nodes of 77 rows, were predicted at 0.6-0.7 of their 0.3 ms)
+    "node1": ("tiny_matmuls", (1, 77)),              # memory: one of them (what its op kind's code takes, apart)
+    "nodes_dyn": ("tiny_matmuls", (100, 77)),        # ... in a graph whose dims stay dynamic (tokens)
     "conv3_320x32": ("conv", (320, 32, 3, 1, 3)),    # UNet level 1-2 resnets
     "conv3_640x16": ("conv", (640, 16, 3, 1, 3)),    # UNet deep levels: 44 MB of kernels
     "conv3_1280x8": ("conv", (1280, 8, 3, 1, 1)),    # the deepest, on a small map: one 59 MB kernel
@@ -226,12 +229,27 @@ def effective_cache(rows: list[dict[str, Any]], reported: float) -> float:
     return float(reported)
 
 
-def build_case(case: str, count: int | None = None) -> tuple[Any, dict[str, np.ndarray]]:
+#: the arguments of cases whose ``CASE_SPECS`` changed, as a report that does not record them (``measured_args``) measured
+#: them: the tiny matmuls ran over 8 rows until 2026-12-07
+LEGACY_ARGS: dict[str, tuple[Any, ...]] = {"nodes": (400, 8), "node1": (1, 8), "nodes_dyn": (100, 8)}
+
+
+def measured_args(row: dict[str, Any]) -> tuple[Any, ...] | None:
+    """The arguments a stored measurement's case was built with: its ``args``, else ``LEGACY_ARGS`` (a report from
+    before they were recorded), else None (the case as ``CASE_SPECS`` has it)."""
+    args = row.get("args")
+    return tuple(args) if args is not None else LEGACY_ARGS.get(row["case"].removeprefix("cal_"))
+
+
+def build_case(case: str, count: int | None = None, args: tuple[Any, ...] | None = None
+               ) -> tuple[Any, dict[str, np.ndarray]]:
     """The calibration graph ``case`` (a key of ``CASE_SPECS``), with ``count`` as its last argument where given (a
-    ``SIZED_CASES`` case); returns (model, feeds)."""
+    ``SIZED_CASES`` case), or with ``args`` for its arguments (a stored measurement's, ``measured_args``); returns
+    (model, feeds)."""
     from onnx import TensorProto, helper
 
-    kind, args = CASE_SPECS[case]
+    kind, spec_args = CASE_SPECS[case]
+    args = spec_args if args is None else args
     if count is not None:
         args = (*args[:-1], count)
     rng = np.random.default_rng(7)
@@ -244,8 +262,8 @@ def build_case(case: str, count: int | None = None) -> tuple[Any, dict[str, np.n
         shape = [1, c]
         x = g.op("Add", ["x", g.w((c,), 0.1)])
     elif kind == "tiny_matmuls":
-        (k,) = args
-        shape = [1, 8, 32]
+        k, *rows = args
+        shape = [1, rows[0] if rows else 8, 32]
         x = "x"
         for _ in range(k):
             x = g.op("MatMul", [x, g.w((32, 32))])
@@ -920,6 +938,7 @@ def calibrate(backend: str, *, device: DeviceSpec | None = None, repeats: int = 
                                       dense_heads=copies_heads(backend, dev.kind), plain_pixels=plain,
                                       cache_bytes=cache)
                 rows[name]["pass_ms"] = prev + [m["robust_ms"]]
+                rows[name]["args"] = list(CASE_SPECS[name.removeprefix("cal_")][1])  # as built (a refit builds it so)
                 if name.removeprefix("cal_") in counts:  # a sized case: built again as measured (a refit)
                     rows[name]["count"] = counts[name.removeprefix("cal_")]
         # what pinning first adds (Factors.pin_bytes): the one-node case again, its shapes pinned; none for a backend
@@ -946,13 +965,14 @@ def plain_conv_pixels(backend: str, device_id: str | None, precision: str) -> in
     return int(be.plain_conv_pixels(dev, precision))
 
 
-def case_cost(case: str, folder: Path, precision: str, count: int | None = None
+def case_cost(case: str, folder: Path, precision: str, count: int | None = None, args: tuple[Any, ...] | None = None
               ) -> tuple[str, Path, dict[str, np.ndarray], Any]:
-    """Calibration case ``case`` built (``count``: a ``SIZED_CASES`` case's), written into ``folder`` and costed at
-    ``precision``: (its graph's name, the ONNX file, its feeds, its ``GraphCost``)."""
+    """Calibration case ``case`` built (``count``: a ``SIZED_CASES`` case's; ``args``: a stored measurement's,
+    ``measured_args``), written into ``folder`` and costed at ``precision``: (its graph's name, the ONNX file, its
+    feeds, its ``GraphCost``)."""
     from ..graph import Graph
 
-    model, feeds = build_case(case, count)
+    model, feeds = build_case(case, count, args)
     path = folder / f"{model.graph.name}.onnx"
     path.write_bytes(model.SerializeToString())
     return model.graph.name, path, feeds, graph_costs(Graph.load(path), {k: v.shape for k, v in feeds.items()},
