@@ -262,8 +262,8 @@ def build_case(case: str, count: int | None = None, args: tuple[Any, ...] | None
         shape = [1, c]
         x = g.op("Add", ["x", g.w((c,), 0.1)])
     elif kind == "tiny_matmuls":
-        k, *rows = args
-        shape = [1, rows[0] if rows else 8, 32]
+        k, rows = args
+        shape = [1, rows, 32]
         x = "x"
         for _ in range(k):
             x = g.op("MatMul", [x, g.w((32, 32))])
